@@ -1,0 +1,221 @@
+//! AES-CBC without padding (NIST SP 800-38A §6.2): the data must be whole
+//! 16-byte blocks. Padding, when a protocol wants it, belongs to the caller.
+//!
+//! Encryption is inherently serial (each block waits for the previous one);
+//! it runs in one backend call so the round keys are loaded once. Decryption
+//! is parallel and uses the widest batch the CPU has.
+
+use aes::Aes128;
+use cipher::array::Array;
+use cipher::consts::U16;
+use cipher::typenum::Unsigned;
+use cipher::{
+    BlockCipherDecBackend, BlockCipherDecClosure, BlockCipherEncBackend, BlockCipherEncClosure,
+    BlockSizeUser,
+};
+
+use crate::block_cipher::{Aes, KeySize, blocks_mut};
+use crate::{Error, Implementation, LengthRule};
+
+type Block = cipher::Block<Aes128>;
+
+const ALG: &str = "AES-CBC";
+
+/// An AES-CBC key.
+pub struct Cbc {
+    imp: Imp,
+}
+
+enum Imp {
+    RustCrypto(Aes),
+    #[cfg(feature = "aws-lc")]
+    AwsLc {
+        enc: aws_lc_rs::cipher::EncryptingKey,
+        dec: aws_lc_rs::cipher::DecryptingKey,
+        size: KeySize,
+    },
+}
+
+impl core::fmt::Debug for Cbc {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Cbc")
+            .field("key_size", &self.key_size())
+            .field("implementation", &self.implementation())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cbc {
+    /// The implementation [`Cbc::new`] picks (the faster one measured here).
+    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::RustCrypto;
+
+    /// Expands a 16-, 24- or 32-byte key with the default implementation.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for any other length.
+    pub fn new(key: &[u8]) -> Result<Self, Error> {
+        Self::with_implementation(key, Self::DEFAULT_IMPLEMENTATION)
+    }
+
+    /// Expands a key for a chosen implementation.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
+    pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
+        let aes = Aes::new(key, ALG)?;
+        let imp = match imp {
+            Implementation::RustCrypto => Imp::RustCrypto(aes),
+            #[cfg(feature = "aws-lc")]
+            Implementation::AwsLc => {
+                use aws_lc_rs::cipher::{DecryptingKey, EncryptingKey};
+                let size = aes.key_size();
+                drop(aes);
+                Imp::AwsLc {
+                    enc: crate::aws_lc::cipher_key(key, size, ALG, EncryptingKey::cbc)?,
+                    dec: crate::aws_lc::cipher_key(key, size, ALG, DecryptingKey::cbc)?,
+                    size,
+                }
+            }
+        };
+        Ok(Cbc { imp })
+    }
+
+    /// The AES key size.
+    pub fn key_size(&self) -> KeySize {
+        match &self.imp {
+            Imp::RustCrypto(aes) => aes.key_size(),
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc { size, .. } => *size,
+        }
+    }
+
+    /// The implementation this key runs on.
+    pub fn implementation(&self) -> Implementation {
+        match &self.imp {
+            Imp::RustCrypto(_) => Implementation::RustCrypto,
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc { .. } => Implementation::AwsLc,
+        }
+    }
+
+    /// Encrypts `data` (a multiple of 16 bytes, possibly empty) in place.
+    ///
+    /// # Errors
+    /// [`Error::DataLength`] when the length is not a multiple of 16.
+    pub fn encrypt(&self, iv: &[u8; 16], data: &mut [u8]) -> Result<(), Error> {
+        check_len(data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        match &self.imp {
+            Imp::RustCrypto(aes) => {
+                let (blocks, _) = blocks_mut(data);
+                aes.encrypt_with(Chain {
+                    blocks,
+                    iv: (*iv).into(),
+                });
+                Ok(())
+            }
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc { enc, .. } => crate::aws_lc::encrypt_with_iv(enc, iv, data),
+        }
+    }
+
+    /// Decrypts `data` (a multiple of 16 bytes, possibly empty) in place.
+    ///
+    /// # Errors
+    /// [`Error::DataLength`] when the length is not a multiple of 16.
+    pub fn decrypt(&self, iv: &[u8; 16], data: &mut [u8]) -> Result<(), Error> {
+        check_len(data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        match &self.imp {
+            Imp::RustCrypto(aes) => {
+                let (blocks, _) = blocks_mut(data);
+                aes.decrypt_with(Chain {
+                    blocks,
+                    iv: (*iv).into(),
+                });
+                Ok(())
+            }
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc { dec, .. } => crate::aws_lc::decrypt_with_iv(dec, iv, data),
+        }
+    }
+}
+
+fn check_len(len: usize) -> Result<(), Error> {
+    if len % 16 == 0 {
+        Ok(())
+    } else {
+        Err(Error::DataLength {
+            alg: ALG,
+            len,
+            rule: LengthRule::MultipleOfBlock,
+        })
+    }
+}
+
+struct Chain<'a> {
+    blocks: &'a mut [Block],
+    iv: Block,
+}
+
+impl BlockSizeUser for Chain<'_> {
+    type BlockSize = U16;
+}
+
+#[inline(always)]
+fn xor_into(b: &mut Block, k: &Block) {
+    *b = (u128::from_ne_bytes(b.0) ^ u128::from_ne_bytes(k.0))
+        .to_ne_bytes()
+        .into();
+}
+
+impl BlockCipherEncClosure for Chain<'_> {
+    #[inline(always)]
+    fn call<B: BlockCipherEncBackend<BlockSize = U16>>(self, backend: &B) {
+        let mut prev = self.iv;
+        for b in self.blocks.iter_mut() {
+            xor_into(b, &prev);
+            backend.encrypt_block_inplace(b);
+            prev = *b;
+        }
+    }
+}
+
+impl BlockCipherDecClosure for Chain<'_> {
+    #[inline(always)]
+    fn call<B: BlockCipherDecBackend<BlockSize = U16>>(self, backend: &B) {
+        let mut prev = self.iv;
+        let (chunks, tail) = Array::<Block, B::ParBlocksSize>::slice_as_chunks_mut(self.blocks);
+        for chunk in chunks {
+            let ct = chunk.clone();
+            backend.decrypt_par_blocks_inplace(chunk);
+            xor_into(&mut chunk[0], &prev);
+            for (b, c) in chunk[1..].iter_mut().zip(ct.iter()) {
+                xor_into(b, c);
+            }
+            prev = ct[ct.len() - 1];
+        }
+        if tail.is_empty() {
+            return;
+        }
+        let mut ct = Array::<Block, B::ParBlocksSize>::default();
+        ct[..tail.len()].copy_from_slice(tail);
+        if tail.len() >= crate::xts::padded_tail_min(<B::ParBlocksSize as Unsigned>::USIZE) {
+            let mut pad = ct.clone();
+            backend.decrypt_par_blocks_inplace(&mut pad);
+            tail.copy_from_slice(&pad[..tail.len()]);
+        } else {
+            for b in tail.iter_mut() {
+                backend.decrypt_block_inplace(b);
+            }
+        }
+        xor_into(&mut tail[0], &prev);
+        for (b, c) in tail[1..].iter_mut().zip(ct.iter()) {
+            xor_into(b, c);
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! AES-GCM (NIST SP 800-38D) with a 96-bit nonce and a 16-byte tag, sealed
+//! and opened in place with the tag detached.
+//!
+//! A tag that does not verify yields [`Error::Authentication`] and the buffer
+//! is overwritten with zeros: no unauthenticated plaintext is ever released,
+//! whichever implementation ran.
+
+use aes_gcm::aead::AeadInOut;
+use aes_gcm::{Aes128Gcm, Aes256Gcm, AesGcm, KeyInit};
+use cipher::consts::U12;
+use zeroize::Zeroize;
+
+use crate::block_cipher::KeySize;
+use crate::{Error, Implementation, LengthRule};
+
+const ALG: &str = "AES-GCM";
+
+/// The GCM nonce length this crate supports (the one NIST recommends).
+pub const NONCE_LEN: usize = 12;
+/// The GCM tag length.
+pub const TAG_LEN: usize = 16;
+/// The longest plaintext GCM can take (NIST SP 800-38D §5.2.1.1).
+pub const MAX_LEN: u64 = (1 << 36) - 32;
+
+/// A detached GCM authentication tag.
+pub type Tag = [u8; TAG_LEN];
+
+type Aes192Gcm = AesGcm<aes::Aes192, U12>;
+
+/// An AES-GCM key.
+pub struct Gcm {
+    imp: Imp,
+}
+
+enum Imp {
+    A128(Aes128Gcm),
+    A192(Aes192Gcm),
+    A256(Aes256Gcm),
+    #[cfg(feature = "aws-lc")]
+    AwsLc(aws_lc_rs::aead::LessSafeKey, KeySize),
+}
+
+impl core::fmt::Debug for Gcm {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Gcm")
+            .field("key_size", &self.key_size())
+            .field("implementation", &self.implementation())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gcm {
+    /// The implementation [`Gcm::new`] picks (the faster one measured here).
+    #[cfg(feature = "aws-lc")]
+    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::AwsLc;
+    /// The implementation [`Gcm::new`] picks (the faster one measured here).
+    #[cfg(not(feature = "aws-lc"))]
+    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::RustCrypto;
+
+    /// Expands a 16-, 24- or 32-byte key with the default implementation.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for any other length.
+    pub fn new(key: &[u8]) -> Result<Self, Error> {
+        Self::with_implementation(key, Self::DEFAULT_IMPLEMENTATION)
+    }
+
+    /// Expands a key for a chosen implementation.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
+    pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
+        let bad_key = Error::KeyLength {
+            alg: ALG,
+            len: key.len(),
+            expected: "16, 24 or 32 bytes",
+        };
+        let size = KeySize::from_len(key.len()).ok_or(bad_key)?;
+        let imp = match imp {
+            Implementation::RustCrypto => match size {
+                KeySize::Aes128 => Imp::A128(Aes128Gcm::new_from_slice(key).map_err(|_| bad_key)?),
+                KeySize::Aes192 => Imp::A192(Aes192Gcm::new_from_slice(key).map_err(|_| bad_key)?),
+                KeySize::Aes256 => Imp::A256(Aes256Gcm::new_from_slice(key).map_err(|_| bad_key)?),
+            },
+            #[cfg(feature = "aws-lc")]
+            Implementation::AwsLc => {
+                use aws_lc_rs::aead::{
+                    AES_128_GCM, AES_192_GCM, AES_256_GCM, LessSafeKey, UnboundKey,
+                };
+                let alg = match size {
+                    KeySize::Aes128 => &AES_128_GCM,
+                    KeySize::Aes192 => &AES_192_GCM,
+                    KeySize::Aes256 => &AES_256_GCM,
+                };
+                Imp::AwsLc(
+                    LessSafeKey::new(UnboundKey::new(alg, key).map_err(|_| bad_key)?),
+                    size,
+                )
+            }
+        };
+        Ok(Gcm { imp })
+    }
+
+    /// The AES key size.
+    pub fn key_size(&self) -> KeySize {
+        match &self.imp {
+            Imp::A128(_) => KeySize::Aes128,
+            Imp::A192(_) => KeySize::Aes192,
+            Imp::A256(_) => KeySize::Aes256,
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc(_, size) => *size,
+        }
+    }
+
+    /// The implementation this key runs on.
+    pub fn implementation(&self) -> Implementation {
+        match &self.imp {
+            Imp::A128(_) | Imp::A192(_) | Imp::A256(_) => Implementation::RustCrypto,
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc(..) => Implementation::AwsLc,
+        }
+    }
+
+    /// Encrypts `data` in place and returns the tag over `aad` and the
+    /// ciphertext. `data` and `aad` may be empty.
+    ///
+    /// # Errors
+    /// [`Error::DataLength`] when `data` is longer than [`MAX_LEN`].
+    pub fn seal_in_place_detached(
+        &self,
+        nonce: &[u8; NONCE_LEN],
+        aad: &[u8],
+        data: &mut [u8],
+    ) -> Result<Tag, Error> {
+        check_len(data.len())?;
+        let failed = Error::ImplementationFailure(self.implementation());
+        match &self.imp {
+            Imp::A128(k) => Ok(k
+                .encrypt_inout_detached(&(*nonce).into(), aad, data.into())
+                .map_err(|_| failed)?
+                .0),
+            Imp::A192(k) => Ok(k
+                .encrypt_inout_detached(&(*nonce).into(), aad, data.into())
+                .map_err(|_| failed)?
+                .0),
+            Imp::A256(k) => Ok(k
+                .encrypt_inout_detached(&(*nonce).into(), aad, data.into())
+                .map_err(|_| failed)?
+                .0),
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc(k, _) => {
+                use aws_lc_rs::aead::{Aad, Nonce};
+                let tag = k
+                    .seal_in_place_separate_tag(
+                        Nonce::assume_unique_for_key(*nonce),
+                        Aad::from(aad),
+                        data,
+                    )
+                    .map_err(|_| failed)?;
+                let mut out = [0u8; TAG_LEN];
+                out.copy_from_slice(tag.as_ref());
+                Ok(out)
+            }
+        }
+    }
+
+    /// Verifies `tag` over `aad` and the ciphertext in `data`, then decrypts
+    /// `data` in place.
+    ///
+    /// # Errors
+    /// [`Error::Authentication`] when the tag does not verify: `data` is then
+    /// all zeros. [`Error::DataLength`] when `data` is longer than
+    /// [`MAX_LEN`] (`data` is untouched).
+    pub fn open_in_place_detached(
+        &self,
+        nonce: &[u8; NONCE_LEN],
+        aad: &[u8],
+        data: &mut [u8],
+        tag: &Tag,
+    ) -> Result<(), Error> {
+        check_len(data.len())?;
+        let ok = match &self.imp {
+            Imp::A128(k) => k
+                .decrypt_inout_detached(&(*nonce).into(), aad, data.into(), tag.into())
+                .is_ok(),
+            Imp::A192(k) => k
+                .decrypt_inout_detached(&(*nonce).into(), aad, data.into(), tag.into())
+                .is_ok(),
+            Imp::A256(k) => k
+                .decrypt_inout_detached(&(*nonce).into(), aad, data.into(), tag.into())
+                .is_ok(),
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc(k, _) => {
+                use aws_lc_rs::aead::{Aad, Nonce};
+                k.open_in_place_separate_tag(
+                    Nonce::assume_unique_for_key(*nonce),
+                    Aad::from(aad),
+                    tag,
+                    data,
+                )
+                .is_ok()
+            }
+        };
+        if ok {
+            Ok(())
+        } else {
+            // aws-lc may have written unauthenticated plaintext; wipe it.
+            data.zeroize();
+            Err(Error::Authentication)
+        }
+    }
+}
+
+fn check_len(len: usize) -> Result<(), Error> {
+    if len as u64 > MAX_LEN {
+        return Err(Error::DataLength {
+            alg: ALG,
+            len,
+            rule: LengthRule::TooLong(MAX_LEN),
+        });
+    }
+    Ok(())
+}

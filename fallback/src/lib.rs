@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod block_cipher;
+mod cbc;
+mod crc;
+mod ctr;
+mod error;
+mod gcm;
+mod implementation;
+mod xts;
+
+#[cfg(feature = "aws-lc")]
+mod aws_lc;
+
+pub use block_cipher::KeySize;
+pub use cbc::Cbc;
+pub use crc::{Crc, CrcAlg, checksum, combine};
+pub use ctr::Ctr;
+pub use error::{Error, LengthRule};
+pub use gcm::{
+    Gcm, MAX_LEN as GCM_MAX_LEN, NONCE_LEN as GCM_NONCE_LEN, TAG_LEN as GCM_TAG_LEN, Tag,
+};
+pub use implementation::Implementation;
+pub use xts::Xts;
