@@ -1,0 +1,140 @@
+//! Owned buffers: what requests take and give back.
+//!
+//! A request takes the caller's buffer by value and returns it (encrypted,
+//! decrypted, or — after a failed AEAD open — zeroed). Owning the buffer is
+//! what lets a device or the kernel work on it after the call returns, and
+//! what lets a dropped request future park the buffer until the engine is
+//! done with it instead of freeing memory a DMA may still write.
+
+use bytes::BytesMut;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for Vec<u8> {}
+    impl Sealed for bytes::BytesMut {}
+}
+
+/// A buffer type requests accept: `Vec<u8>` and `bytes::BytesMut`.
+///
+/// Sealed: the crate moves buffers between tasks, threads and devices, and
+/// only types whose heap storage stays put when moved can go there.
+pub trait Buffer: sealed::Sealed + Send + Unpin + 'static {
+    /// Hands the buffer to a backend.
+    #[doc(hidden)]
+    fn into_io(self) -> IoBuf;
+    /// Takes it back. A backend returns the same `IoBuf` it was given; if one
+    /// ever returns another kind, the bytes are copied, never lost.
+    #[doc(hidden)]
+    fn from_io(io: IoBuf) -> Self;
+    /// The bytes, for the inline CPU path.
+    #[doc(hidden)]
+    fn bytes_mut(&mut self) -> &mut [u8];
+    /// Appends (the AEAD tag).
+    #[doc(hidden)]
+    fn append(&mut self, data: &[u8]);
+    /// Shortens (drops the AEAD tag).
+    #[doc(hidden)]
+    fn shorten(&mut self, len: usize);
+}
+
+impl Buffer for Vec<u8> {
+    fn into_io(self) -> IoBuf {
+        IoBuf(Inner::Vec(self))
+    }
+    fn from_io(io: IoBuf) -> Self {
+        match io.0 {
+            Inner::Vec(v) => v,
+            Inner::Bytes(b) => Vec::from(b),
+        }
+    }
+    #[inline]
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+    fn append(&mut self, data: &[u8]) {
+        self.extend_from_slice(data);
+    }
+    fn shorten(&mut self, len: usize) {
+        self.truncate(len);
+    }
+}
+
+impl Buffer for BytesMut {
+    fn into_io(self) -> IoBuf {
+        IoBuf(Inner::Bytes(self))
+    }
+    fn from_io(io: IoBuf) -> Self {
+        match io.0 {
+            Inner::Bytes(b) => b,
+            Inner::Vec(v) => BytesMut::from(&v[..]),
+        }
+    }
+    #[inline]
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+    fn append(&mut self, data: &[u8]) {
+        self.extend_from_slice(data);
+    }
+    fn shorten(&mut self, len: usize) {
+        self.truncate(len);
+    }
+}
+
+/// The owned buffer a [`Backend`](crate::Backend) works on: the caller's
+/// `Vec<u8>` or `BytesMut`, moved, not copied. Its heap storage does not move
+/// while the backend holds it.
+#[derive(Debug)]
+pub struct IoBuf(Inner);
+
+#[derive(Debug)]
+enum Inner {
+    Vec(Vec<u8>),
+    Bytes(BytesMut),
+}
+
+impl IoBuf {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.0 {
+            Inner::Vec(v) => v,
+            Inner::Bytes(b) => b,
+        }
+    }
+
+    /// The bytes, to transform in place.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        match &mut self.0 {
+            Inner::Vec(v) => v,
+            Inner::Bytes(b) => b,
+        }
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Vec<u8>> for IoBuf {
+    fn from(v: Vec<u8>) -> Self {
+        v.into_io()
+    }
+}
+
+impl From<BytesMut> for IoBuf {
+    fn from(b: BytesMut) -> Self {
+        b.into_io()
+    }
+}
+
+impl From<IoBuf> for Vec<u8> {
+    fn from(io: IoBuf) -> Self {
+        Vec::from_io(io)
+    }
+}

@@ -1,0 +1,244 @@
+//! The CPU backend: `crypto-offload-fallback` behind the session API.
+//!
+//! Sessions call it inline (synchronously, on the calling task, through an
+//! enum — no boxing, no allocation); it also implements [`Backend`] so it can
+//! be handed around as `Arc<dyn Backend>` like any other engine.
+
+use async_trait::async_trait;
+use crypto_offload_fallback as fb;
+use fb::Implementation;
+
+use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
+use crate::backend::{
+    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed,
+};
+use crate::buffer::IoBuf;
+use crate::error::{BackendError, Error};
+use crate::key::SecretKey;
+
+/// The CPU backend. Always present; runs every algorithm.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend {
+    implementation: Option<Implementation>,
+}
+
+impl CpuBackend {
+    /// The backend's name.
+    pub const NAME: &'static str = "cpu";
+
+    /// The CPU backend with each mode on its fastest implementation.
+    pub fn new() -> Self {
+        CpuBackend::default()
+    }
+
+    /// The CPU backend with every mode that has a choice forced onto `imp`
+    /// (for tests and benchmarks of one implementation).
+    pub fn with_implementation(imp: Implementation) -> Self {
+        CpuBackend {
+            implementation: Some(imp),
+        }
+    }
+
+    /// The forced implementation, if any.
+    pub fn implementation(&self) -> Option<Implementation> {
+        self.implementation
+    }
+
+    pub(crate) fn cipher(&self, alg: CipherAlg, key: &[u8]) -> Result<CpuCipher, Error> {
+        let map = |e| map_key_error(alg.into(), e);
+        Ok(match (alg.mode(), self.implementation) {
+            (CipherMode::Cbc, None) => CpuCipher::Cbc(fb::Cbc::new(key).map_err(map)?),
+            (CipherMode::Cbc, Some(i)) => {
+                CpuCipher::Cbc(fb::Cbc::with_implementation(key, i).map_err(map)?)
+            }
+            (CipherMode::Ctr, None) => CpuCipher::Ctr(fb::Ctr::new(key).map_err(map)?),
+            (CipherMode::Ctr, Some(i)) => {
+                CpuCipher::Ctr(fb::Ctr::with_implementation(key, i).map_err(map)?)
+            }
+            (CipherMode::Xts, _) => CpuCipher::Xts(fb::Xts::new(key).map_err(map)?),
+        })
+    }
+
+    pub(crate) fn aead(&self, alg: AeadAlg, key: &[u8]) -> Result<fb::Gcm, Error> {
+        let map = |e| map_key_error(alg.into(), e);
+        match self.implementation {
+            None => fb::Gcm::new(key).map_err(map),
+            Some(i) => fb::Gcm::with_implementation(key, i).map_err(map),
+        }
+    }
+}
+
+fn map_key_error(alg: Algorithm, e: fb::Error) -> Error {
+    match e {
+        fb::Error::XtsWeakKey => Error::WeakKey { alg },
+        fb::Error::KeyLength { len, .. } => Error::KeyLength {
+            alg,
+            len,
+            expected: match alg {
+                Algorithm::Cipher(a) => a.key_len(),
+                Algorithm::Aead(a) => a.key_len(),
+                _ => 0,
+            },
+        },
+        other => map_error(alg, other),
+    }
+}
+
+/// Maps a fallback error to the session error, for `alg`.
+pub(crate) fn map_error(alg: Algorithm, e: fb::Error) -> Error {
+    match e {
+        fb::Error::DataLength { len, rule, .. } => Error::DataLength { alg, len, rule },
+        fb::Error::Authentication => Error::Authentication,
+        fb::Error::XtsWeakKey => Error::WeakKey { alg },
+        fb::Error::ChecksumMismatch { expected, computed } => {
+            Error::ChecksumMismatch { expected, computed }
+        }
+        other => Error::Backend {
+            backend: CpuBackend::NAME.to_owned(),
+            source: BackendError::Other(Box::new(other)),
+        },
+    }
+}
+
+/// A keyed cipher on the CPU.
+#[derive(Debug)]
+pub(crate) enum CpuCipher {
+    Cbc(fb::Cbc),
+    Ctr(fb::Ctr),
+    Xts(fb::Xts),
+}
+
+impl CpuCipher {
+    #[inline]
+    pub(crate) fn run(
+        &self,
+        encrypt: bool,
+        params: &CipherParams,
+        data: &mut [u8],
+    ) -> Result<(), fb::Error> {
+        match (self, encrypt) {
+            (CpuCipher::Cbc(k), true) => k.encrypt(&params.iv, data),
+            (CpuCipher::Cbc(k), false) => k.decrypt(&params.iv, data),
+            (CpuCipher::Ctr(k), _) => k.apply_keystream(&params.iv, data),
+            (CpuCipher::Xts(k), true) => k.encrypt_units(&params.iv, params.data_unit, data),
+            (CpuCipher::Xts(k), false) => k.decrypt_units(&params.iv, params.data_unit, data),
+        }
+    }
+}
+
+/// Converts a fallback failure inside a backend request into a `Failed`.
+fn failed(e: fb::Error, buf: IoBuf) -> Failed {
+    let error = match e {
+        fb::Error::Authentication => BackendError::Authentication,
+        other => BackendError::Other(Box::new(other)),
+    };
+    Failed::new(error, buf)
+}
+
+struct CipherCtx(CpuCipher);
+
+#[async_trait]
+impl CipherContext for CipherCtx {
+    async fn encrypt(&self, params: CipherParams, mut buf: IoBuf) -> Result<IoBuf, Failed> {
+        match self.0.run(true, &params, buf.as_mut_slice()) {
+            Ok(()) => Ok(buf),
+            Err(e) => Err(failed(e, buf)),
+        }
+    }
+
+    async fn decrypt(&self, params: CipherParams, mut buf: IoBuf) -> Result<IoBuf, Failed> {
+        match self.0.run(false, &params, buf.as_mut_slice()) {
+            Ok(()) => Ok(buf),
+            Err(e) => Err(failed(e, buf)),
+        }
+    }
+}
+
+struct AeadCtx(fb::Gcm);
+
+#[async_trait]
+impl AeadContext for AeadCtx {
+    async fn seal(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        mut buf: IoBuf,
+    ) -> Result<(IoBuf, [u8; 16]), Failed> {
+        match self
+            .0
+            .seal_in_place_detached(&nonce, aad, buf.as_mut_slice())
+        {
+            Ok(tag) => Ok((buf, tag)),
+            Err(e) => Err(failed(e, buf)),
+        }
+    }
+
+    async fn open(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        mut buf: IoBuf,
+        tag: [u8; 16],
+    ) -> Result<IoBuf, Failed> {
+        match self
+            .0
+            .open_in_place_detached(&nonce, aad, buf.as_mut_slice(), &tag)
+        {
+            Ok(()) => Ok(buf),
+            Err(e) => Err(failed(e, buf)),
+        }
+    }
+}
+
+struct CrcCtx(CrcAlg);
+
+#[async_trait]
+impl CrcContext for CrcCtx {
+    async fn checksum(&self, buf: IoBuf) -> Result<(IoBuf, u64), Failed> {
+        let crc = fb::checksum(self.0, buf.as_slice());
+        Ok((buf, crc))
+    }
+}
+
+fn backend_error(e: Error) -> BackendError {
+    BackendError::Other(Box::new(e))
+}
+
+#[async_trait]
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        CpuBackend::NAME
+    }
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn supports(&self, _alg: Algorithm) -> bool {
+        true
+    }
+
+    async fn open_cipher(
+        &self,
+        alg: CipherAlg,
+        key: &SecretKey,
+    ) -> Result<Box<dyn CipherContext>, BackendError> {
+        Ok(Box::new(CipherCtx(
+            self.cipher(alg, key.expose()).map_err(backend_error)?,
+        )))
+    }
+
+    async fn open_aead(
+        &self,
+        alg: AeadAlg,
+        key: &SecretKey,
+    ) -> Result<Box<dyn AeadContext>, BackendError> {
+        Ok(Box::new(AeadCtx(
+            self.aead(alg, key.expose()).map_err(backend_error)?,
+        )))
+    }
+
+    async fn open_crc(&self, alg: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
+        Ok(Box::new(CrcCtx(alg)))
+    }
+}

@@ -1,0 +1,194 @@
+//! Errors: what the caller did wrong, what a backend reported, and the
+//! deliberately opaque authentication failure.
+
+use core::fmt;
+
+pub use crypto_offload_fallback::LengthRule;
+
+use crate::alg::Algorithm;
+
+/// The error of a session or of `Offload` itself.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key has a length the algorithm does not take.
+    #[error("{alg}: a {len}-byte key is not valid ({expected} bytes expected)")]
+    KeyLength {
+        /// The algorithm.
+        alg: Algorithm,
+        /// The length given.
+        len: usize,
+        /// The length expected.
+        expected: usize,
+    },
+    /// An XTS key whose two halves are equal (IEEE 1619-2018 §5.1, NIST SP
+    /// 800-38E).
+    #[error("{alg}: the two halves of the XTS key are equal")]
+    WeakKey {
+        /// The algorithm.
+        alg: Algorithm,
+    },
+    /// The IV, counter block, tweak or nonce has the wrong length.
+    #[error("{alg}: a {len}-byte IV/nonce is not valid ({expected} bytes expected)")]
+    IvLength {
+        /// The algorithm.
+        alg: Algorithm,
+        /// The length given.
+        len: usize,
+        /// The length expected.
+        expected: usize,
+    },
+    /// A detached AEAD tag of the wrong length, or a sealed message shorter
+    /// than its tag.
+    #[error("{alg}: a {len}-byte tag is not valid ({expected} bytes expected)")]
+    TagLength {
+        /// The algorithm.
+        alg: Algorithm,
+        /// The length given (for `open`, the whole message's).
+        len: usize,
+        /// The length expected.
+        expected: usize,
+    },
+    /// The data has a length the mode cannot take.
+    #[error("{alg}: {len} bytes of data is not valid ({rule})")]
+    DataLength {
+        /// The algorithm.
+        alg: Algorithm,
+        /// The length given.
+        len: usize,
+        /// The rule broken.
+        rule: LengthRule,
+    },
+    /// The AEAD tag did not verify. No plaintext is released: the buffer
+    /// handed back is all zeros. Nothing else is said, on purpose.
+    #[error("authentication failed")]
+    Authentication,
+    /// A CRC did not match.
+    #[error("checksum mismatch: expected {expected:#x}, computed {computed:#x}")]
+    ChecksumMismatch {
+        /// The expected value.
+        expected: u64,
+        /// The computed value.
+        computed: u64,
+    },
+    /// No backend of this `Offload` can run the algorithm (only possible with
+    /// a pinned backend: the CPU runs everything).
+    #[error("{alg} is not supported by backend {backend:?}")]
+    Unsupported {
+        /// The algorithm.
+        alg: Algorithm,
+        /// The backend that was asked.
+        backend: String,
+    },
+    /// The builder named a backend that is not registered.
+    #[error("no backend named {0:?}")]
+    UnknownBackend(String),
+    /// A backend failed and the request could not be completed elsewhere.
+    #[error("backend {backend:?} failed")]
+    Backend {
+        /// The backend's name.
+        backend: String,
+        /// What it reported.
+        #[source]
+        source: BackendError,
+    },
+}
+
+/// What a backend reports when it cannot complete a request or open a
+/// context. Backends keep the OS error (and so the errno) where there is one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// A system call failed.
+    #[error("{op} failed")]
+    Io {
+        /// The operation, e.g. `"bind"` or `"VFIO_DEVICE_RESET"`.
+        op: &'static str,
+        /// The OS error (with its errno).
+        #[source]
+        source: std::io::Error,
+    },
+    /// The device or engine went away.
+    #[error("the device is gone")]
+    DeviceGone,
+    /// The request did not complete in time.
+    #[error("the request timed out")]
+    Timeout,
+    /// The backend does not run this algorithm, key size or request shape.
+    #[error("not supported by this backend: {0}")]
+    Unsupported(String),
+    /// The tag did not verify (AEAD open): the backend returned no plaintext.
+    #[error("authentication failed")]
+    Authentication,
+    /// Anything else, with its cause.
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl BackendError {
+    /// The errno behind this error, if it came from a system call.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            BackendError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// A failed request: the error and the caller's buffer, handed back.
+///
+/// On a parameter error the buffer is untouched; after a failed AEAD `open`
+/// it is all zeros. It converts into [`Error`] (dropping the buffer), so `?`
+/// works in functions that return `Result<_, crypto_offload::Error>`.
+pub struct RequestError<B> {
+    error: Error,
+    buf: B,
+}
+
+impl<B> RequestError<B> {
+    pub(crate) fn new(error: Error, buf: B) -> Self {
+        RequestError { error, buf }
+    }
+
+    /// What went wrong.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// The buffer, to reuse or to retry with.
+    pub fn into_buffer(self) -> B {
+        self.buf
+    }
+
+    /// Both parts.
+    pub fn into_parts(self) -> (Error, B) {
+        (self.error, self.buf)
+    }
+}
+
+impl<B> From<RequestError<B>> for Error {
+    fn from(e: RequestError<B>) -> Error {
+        e.error
+    }
+}
+
+// The buffer may hold plaintext: print only that there is one.
+impl<B> fmt::Debug for RequestError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestError")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> fmt::Display for RequestError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<B> std::error::Error for RequestError<B> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}

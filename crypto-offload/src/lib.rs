@@ -1,0 +1,31 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod alg;
+mod backend;
+mod buffer;
+mod cpu;
+mod error;
+mod key;
+mod offload;
+mod route;
+mod session;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
+pub use backend::{
+    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed,
+    SharedBackend,
+};
+pub use buffer::{Buffer, IoBuf};
+pub use cpu::CpuBackend;
+pub use crypto_offload_fallback::Implementation;
+pub use error::{BackendError, Error, LengthRule, RequestError};
+pub use key::{MAX_KEY_LEN, SecretKey};
+pub use offload::{BackendInfo, Offload, OffloadBuilder};
+pub use session::{AeadSession, CipherSession, CrcSession, Tag};
+
+/// CRC combination: the CRC of `A ‖ B` from `crc(A)`, `crc(B)` and `len(B)`.
+pub use crypto_offload_fallback::combine as crc_combine;

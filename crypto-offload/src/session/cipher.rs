@@ -1,0 +1,233 @@
+//! Cipher sessions (AES-CBC, -CTR, -XTS).
+
+use core::fmt;
+
+use tracing::Instrument;
+
+use super::{Engine, engine_for, open_failed, replaying};
+use crate::alg::{Algorithm, CipherAlg, CipherMode};
+use crate::backend::{CipherContext, CipherParams};
+use crate::buffer::Buffer;
+use crate::cpu::{CpuCipher, map_error};
+use crate::error::{Error, LengthRule, RequestError};
+use crate::key::SecretKey;
+use crate::offload::Offload;
+use crate::route::{Route, route};
+
+/// A keyed cipher session.
+///
+/// Requests take `&self`: one session can have many requests in flight, and
+/// can be shared between tasks (`CipherSession` is `Send + Sync`). Dropping
+/// the session releases its backend contexts (and, with hardware backends,
+/// its power reference).
+///
+/// ```
+/// # tokio_test_block_on(async {
+/// use crypto_offload::{CipherAlg, Offload};
+///
+/// let offload = Offload::discover().await?;
+/// let key = [7u8; 64];
+/// let key: Vec<u8> = key.iter().enumerate().map(|(i, k)| k ^ i as u8).collect();
+/// let xts = offload.cipher(CipherAlg::Aes256Xts, &key).await?.with_data_unit(512)?;
+/// let sector_7 = 7u128.to_le_bytes();
+/// let ct = xts.encrypt(&sector_7, vec![0u8; 4096]).await?;   // sectors 7..15
+/// let pt = xts.decrypt(&sector_7, ct).await?;
+/// assert_eq!(pt, vec![0u8; 4096]);
+/// # Ok::<(), crypto_offload::Error>(()) });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output { futures::executor::block_on(f) }
+/// ```
+pub struct CipherSession {
+    alg: CipherAlg,
+    data_unit: Option<usize>,
+    cpu: CpuCipher,
+    engine: Option<Engine<dyn CipherContext>>,
+    _offload: Offload,
+}
+
+impl fmt::Debug for CipherSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CipherSession")
+            .field("alg", &self.alg)
+            .field("data_unit", &self.data_unit)
+            .field("engine", &self.engine.as_ref().map(|e| &*e.name))
+            .finish_non_exhaustive()
+    }
+}
+
+impl CipherSession {
+    pub(crate) async fn start(offload: Offload, alg: CipherAlg, key: &[u8]) -> Result<Self, Error> {
+        if key.len() != alg.key_len() {
+            return Err(Error::KeyLength {
+                alg: alg.into(),
+                len: key.len(),
+                expected: alg.key_len(),
+            });
+        }
+        let cpu = offload.inner().cpu.cipher(alg, key)?;
+        let engine = match engine_for(&offload, alg.into())? {
+            None => None,
+            Some(backend) => {
+                let secret = SecretKey::new(key).ok_or(Error::KeyLength {
+                    alg: alg.into(),
+                    len: key.len(),
+                    expected: alg.key_len(),
+                })?;
+                let span =
+                    tracing::debug_span!("open_cipher", backend = backend.name(), alg = %alg);
+                let ctx = backend
+                    .open_cipher(alg, &secret)
+                    .instrument(span)
+                    .await
+                    .map_err(|e| open_failed(backend, e))?;
+                Some(Engine {
+                    name: backend.name().into(),
+                    ctx,
+                })
+            }
+        };
+        Ok(CipherSession {
+            alg,
+            data_unit: None,
+            cpu,
+            engine,
+            _offload: offload,
+        })
+    }
+
+    /// The algorithm.
+    pub fn alg(&self) -> CipherAlg {
+        self.alg
+    }
+
+    /// The backend requests go to (`"cpu"` unless one is pinned).
+    pub fn backend(&self) -> &str {
+        self.engine
+            .as_ref()
+            .map_or(crate::CpuBackend::NAME, |e| &e.name)
+    }
+
+    /// XTS: treats each request as consecutive data units of `len` bytes
+    /// (512 or 4096 for disks), unit `i` taking tweak `iv + i` — one request
+    /// then covers many sectors. Without it a request is one data unit.
+    ///
+    /// # Errors
+    /// [`Error::DataLength`] if `len` < 16, or if the session is not XTS.
+    pub fn with_data_unit(mut self, len: usize) -> Result<Self, Error> {
+        if self.alg.mode() != CipherMode::Xts || len < 16 {
+            return Err(Error::DataLength {
+                alg: self.alg.into(),
+                len,
+                rule: LengthRule::DataUnitTooSmall,
+            });
+        }
+        self.data_unit = Some(len);
+        Ok(self)
+    }
+
+    /// The XTS data-unit length set with [`with_data_unit`](Self::with_data_unit).
+    pub fn data_unit(&self) -> Option<usize> {
+        self.data_unit
+    }
+
+    /// Encrypts `buf` in place and returns it.
+    ///
+    /// `iv` is the CBC IV, the CTR initial counter block (the whole 128 bits
+    /// count, big-endian, wrapping), or the XTS tweak of the first data unit
+    /// (the sector number, 128-bit little-endian); always 16 bytes.
+    ///
+    /// # Errors
+    /// [`Error::IvLength`]; [`Error::DataLength`] for CBC data that is not
+    /// whole blocks, XTS data under 16 bytes or not whole data units. The
+    /// buffer comes back untouched in the [`RequestError`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe at any point: on the CPU the work is done
+    /// within one poll; a hardware backend keeps the buffer until the engine
+    /// is done with it. The buffer is then lost to the caller.
+    pub async fn encrypt<B: Buffer>(&self, iv: &[u8], buf: B) -> Result<B, RequestError<B>> {
+        self.run(true, iv, buf).await
+    }
+
+    /// Decrypts `buf` in place and returns it. See [`encrypt`](Self::encrypt).
+    ///
+    /// # Errors
+    /// As for [`encrypt`](Self::encrypt).
+    ///
+    /// # Cancel safety
+    /// As for [`encrypt`](Self::encrypt).
+    pub async fn decrypt<B: Buffer>(&self, iv: &[u8], buf: B) -> Result<B, RequestError<B>> {
+        self.run(false, iv, buf).await
+    }
+
+    fn params(&self, iv: &[u8], len: usize) -> Result<CipherParams, Error> {
+        let alg: Algorithm = self.alg.into();
+        let Ok(iv) = <[u8; 16]>::try_from(iv) else {
+            return Err(Error::IvLength {
+                alg,
+                len: iv.len(),
+                expected: 16,
+            });
+        };
+        let rule = match self.alg.mode() {
+            CipherMode::Cbc if len % 16 != 0 => Some(LengthRule::MultipleOfBlock),
+            CipherMode::Xts if len < 16 => Some(LengthRule::AtLeastOneBlock),
+            CipherMode::Xts => match self.data_unit {
+                Some(u) if len % u != 0 => Some(LengthRule::MultipleOfDataUnit(u)),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(rule) = rule {
+            return Err(Error::DataLength { alg, len, rule });
+        }
+        Ok(CipherParams::new(iv, self.data_unit.unwrap_or(len)))
+    }
+
+    async fn run<B: Buffer>(
+        &self,
+        encrypt: bool,
+        iv: &[u8],
+        mut buf: B,
+    ) -> Result<B, RequestError<B>> {
+        let params = match self.params(iv, buf.bytes_mut().len()) {
+            Ok(p) => p,
+            Err(e) => return Err(RequestError::new(e, buf)),
+        };
+        match route(self.engine.is_some()) {
+            Route::Cpu => self.run_cpu(encrypt, &params, buf),
+            Route::Engine => {
+                let Some(engine) = &self.engine else {
+                    return self.run_cpu(encrypt, &params, buf);
+                };
+                let io = buf.into_io();
+                let len = io.len();
+                let span = tracing::trace_span!("cipher", backend = &*engine.name, alg = %self.alg, len, encrypt);
+                let done = if encrypt {
+                    engine.ctx.encrypt(params, io).instrument(span).await
+                } else {
+                    engine.ctx.decrypt(params, io).instrument(span).await
+                };
+                match done {
+                    Ok(io) => Ok(B::from_io(io)),
+                    Err(failed) => {
+                        replaying(&engine.name, &failed.error);
+                        self.run_cpu(encrypt, &params, B::from_io(failed.buf))
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn run_cpu<B: Buffer>(
+        &self,
+        encrypt: bool,
+        params: &CipherParams,
+        mut buf: B,
+    ) -> Result<B, RequestError<B>> {
+        match self.cpu.run(encrypt, params, buf.bytes_mut()) {
+            Ok(()) => Ok(buf),
+            Err(e) => Err(RequestError::new(map_error(self.alg.into(), e), buf)),
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! Sessions: keyed state for one algorithm, with a context on each backend
+//! the session may run on.
+//!
+//! Where a request runs is decided in [`route`](crate::route); a request a
+//! backend fails is replayed on the CPU with the same (unchanged) buffer.
+
+mod aead;
+mod cipher;
+mod crc;
+
+use std::sync::Arc;
+
+pub use aead::{AeadSession, Tag};
+pub use cipher::CipherSession;
+pub use crc::CrcSession;
+
+use crate::alg::Algorithm;
+use crate::backend::SharedBackend;
+use crate::error::{BackendError, Error};
+use crate::offload::Offload;
+
+/// A session's context on a non-CPU backend.
+pub(crate) struct Engine<C: ?Sized> {
+    pub(crate) name: Arc<str>,
+    pub(crate) ctx: Box<C>,
+}
+
+/// The backend a new session of `alg` opens a context on, if not the CPU.
+pub(crate) fn engine_for(
+    offload: &Offload,
+    alg: Algorithm,
+) -> Result<Option<&SharedBackend>, Error> {
+    let inner = offload.inner();
+    let Some(i) = inner.pinned else {
+        return Ok(None);
+    };
+    let backend = &inner.backends[i];
+    if !backend.supports(alg) {
+        return Err(Error::Unsupported {
+            alg,
+            backend: backend.name().to_owned(),
+        });
+    }
+    Ok(Some(backend))
+}
+
+pub(crate) fn open_failed(backend: &SharedBackend, source: BackendError) -> Error {
+    Error::Backend {
+        backend: backend.name().to_owned(),
+        source,
+    }
+}
+
+/// Records that `backend` failed a request that is being replayed on the CPU.
+pub(crate) fn replaying(backend: &str, error: &BackendError) {
+    tracing::warn!(backend, error = %error, "backend failed a request; completing it on the CPU");
+}

@@ -1,0 +1,188 @@
+//! Test doubles shared by the integration tests.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use crypto_offload::{
+    AeadAlg, AeadContext, Algorithm, Backend, BackendError, BackendKind, CipherAlg, CipherContext,
+    CipherParams, CpuBackend, CrcAlg, CrcContext, Failed, IoBuf, SecretKey,
+};
+
+/// The CPU backend under another name and behind `dyn`: exercises the
+/// third-party path (boxed contexts, `IoBuf` round trips, CRC combination).
+/// With `fail_every = n`, every n-th request fails with `DeviceGone` and
+/// hands its buffer back unchanged, as the contract requires.
+#[derive(Debug)]
+pub struct Engine {
+    pub name: &'static str,
+    pub fail_every: usize,
+    pub only: Option<Algorithm>,
+    pub corrupt: bool,
+    pub requests: Arc<AtomicUsize>,
+}
+
+impl Engine {
+    pub fn new(name: &'static str) -> Self {
+        Engine {
+            name,
+            fail_every: 0,
+            only: None,
+            corrupt: false,
+            requests: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    pub fn failing_every(mut self, n: usize) -> Self {
+        self.fail_every = n;
+        self
+    }
+
+    /// Flips a bit of every non-empty result (and of every CRC).
+    pub fn corrupting(mut self) -> Self {
+        self.corrupt = true;
+        self
+    }
+
+    pub fn only(mut self, alg: Algorithm) -> Self {
+        self.only = Some(alg);
+        self
+    }
+
+    pub fn shared(self) -> crypto_offload::SharedBackend {
+        Arc::new(self)
+    }
+}
+
+struct Counter {
+    fail_every: usize,
+    corrupt: bool,
+    requests: Arc<AtomicUsize>,
+}
+
+fn spoil(corrupt: bool, mut buf: IoBuf) -> IoBuf {
+    if corrupt && let Some(b) = buf.as_mut_slice().first_mut() {
+        *b ^= 1;
+    }
+    buf
+}
+
+impl Counter {
+    fn fails(&self) -> bool {
+        let n = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
+        self.fail_every != 0 && n % self.fail_every == 0
+    }
+}
+
+struct Cipher(Box<dyn CipherContext>, Counter);
+struct Aead(Box<dyn AeadContext>, Counter);
+struct Crc(Box<dyn CrcContext>, Counter);
+
+#[async_trait]
+impl CipherContext for Cipher {
+    async fn encrypt(&self, p: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+        if self.1.fails() {
+            return Err(Failed::new(BackendError::DeviceGone, buf));
+        }
+        self.0
+            .encrypt(p, buf)
+            .await
+            .map(|b| spoil(self.1.corrupt, b))
+    }
+    async fn decrypt(&self, p: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+        if self.1.fails() {
+            return Err(Failed::new(BackendError::DeviceGone, buf));
+        }
+        self.0
+            .decrypt(p, buf)
+            .await
+            .map(|b| spoil(self.1.corrupt, b))
+    }
+}
+
+#[async_trait]
+impl AeadContext for Aead {
+    async fn seal(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        buf: IoBuf,
+    ) -> Result<(IoBuf, [u8; 16]), Failed> {
+        if self.1.fails() {
+            return Err(Failed::new(BackendError::Timeout, buf));
+        }
+        let (buf, mut tag) = self.0.seal(nonce, aad, buf).await?;
+        if self.1.corrupt {
+            tag[0] ^= 1;
+        }
+        Ok((buf, tag))
+    }
+    async fn open(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        buf: IoBuf,
+        tag: [u8; 16],
+    ) -> Result<IoBuf, Failed> {
+        if self.1.fails() {
+            return Err(Failed::new(BackendError::Timeout, buf));
+        }
+        self.0.open(nonce, aad, buf, tag).await
+    }
+}
+
+#[async_trait]
+impl CrcContext for Crc {
+    async fn checksum(&self, buf: IoBuf) -> Result<(IoBuf, u64), Failed> {
+        if self.1.fails() {
+            return Err(Failed::new(BackendError::DeviceGone, buf));
+        }
+        let (buf, crc) = self.0.checksum(buf).await?;
+        Ok((buf, crc ^ u64::from(self.1.corrupt)))
+    }
+}
+
+#[async_trait]
+impl Backend for Engine {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn kind(&self) -> BackendKind {
+        BackendKind::Other
+    }
+    fn supports(&self, alg: Algorithm) -> bool {
+        self.only.is_none_or(|a| a == alg)
+    }
+    async fn open_cipher(
+        &self,
+        alg: CipherAlg,
+        key: &SecretKey,
+    ) -> Result<Box<dyn CipherContext>, BackendError> {
+        let inner = CpuBackend::new().open_cipher(alg, key).await?;
+        Ok(Box::new(Cipher(inner, self.counter())))
+    }
+    async fn open_aead(
+        &self,
+        alg: AeadAlg,
+        key: &SecretKey,
+    ) -> Result<Box<dyn AeadContext>, BackendError> {
+        let inner = CpuBackend::new().open_aead(alg, key).await?;
+        Ok(Box::new(Aead(inner, self.counter())))
+    }
+    async fn open_crc(&self, alg: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
+        let inner = CpuBackend::new().open_crc(alg).await?;
+        Ok(Box::new(Crc(inner, self.counter())))
+    }
+}
+
+impl Engine {
+    fn counter(&self) -> Counter {
+        Counter {
+            fail_every: self.fail_every,
+            corrupt: self.corrupt,
+            requests: self.requests.clone(),
+        }
+    }
+}
