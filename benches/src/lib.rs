@@ -1,0 +1,20 @@
+//! Peers for the benchmarks: the fastest CPU implementations available to
+//! Rust, and the RustCrypto reference crates, behind one small interface so
+//! the benches and the agreement test use exactly the same calls.
+//!
+//! aws-lc-rs has no safe XTS API, so [`AwsLcXts`] calls AWS-LC's EVP interface
+//! through aws-lc-sys: the only `unsafe` outside the driver crates, and only
+//! in this unpublished bench crate.
+
+pub mod aws_lc_xts;
+pub mod report;
+
+pub use aws_lc_xts::AwsLcXts;
+
+/// The sizes every algorithm is measured at.
+pub const SIZES: [usize; 6] = [16, 64, 1024, 4096, 65536, 1 << 20];
+
+/// Deterministic test data.
+pub fn data(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 31 + 7) as u8).collect()
+}
