@@ -29,7 +29,7 @@ pub enum KeySize {
 
 impl KeySize {
     /// The key length in bytes.
-    pub const fn len(self) -> usize {
+    pub const fn key_len(self) -> usize {
         match self {
             KeySize::Aes128 => 16,
             KeySize::Aes192 => 24,

@@ -30,7 +30,6 @@ const TWEAK_BATCH: usize = 64;
 /// The tweak is the 16-byte value IEEE 1619 calls the data-unit sequence
 /// number, as a little-endian 128-bit integer — what the Linux `xts(aes)`
 /// transform, OpenSSL and dm-crypt's `plain64` IV take.
-
 pub struct Xts {
     data: Aes,
     tweak: Aes,
@@ -101,6 +100,7 @@ impl Xts {
     /// # Errors
     /// [`Error::DataLength`] when `unit_len` is below 16 or does not divide
     /// `data.len()` (an empty `data` is fine only with a valid unit length).
+    #[inline]
     pub fn encrypt_units(
         &self,
         first_tweak: &[u8; 16],
@@ -115,6 +115,7 @@ impl Xts {
     ///
     /// # Errors
     /// As for [`Xts::encrypt_units`].
+    #[inline]
     pub fn decrypt_units(
         &self,
         first_tweak: &[u8; 16],
@@ -206,7 +207,7 @@ fn check_units(unit_len: usize, len: usize) -> Result<(), Error> {
         } else {
             LengthRule::DataUnitTooSmall
         }
-    } else if len % unit_len != 0 {
+    } else if !len.is_multiple_of(unit_len) {
         LengthRule::MultipleOfDataUnit(unit_len)
     } else {
         return Ok(());
@@ -317,7 +318,7 @@ impl BlockCipherDecClosure for Units<'_> {
 impl Units<'_> {
     #[inline(always)]
     pub(crate) fn process<P: ArraySize>(self, op: &impl BlockOp<P>, dir: Direction) {
-        if self.unit_len % 16 == 0 {
+        if self.unit_len.is_multiple_of(16) {
             // Every unit is whole blocks: one stream of blocks whose tweak
             // restarts at each unit boundary, so batches span units.
             let (blocks, _) = blocks_mut(self.data);
