@@ -25,7 +25,9 @@ pub use crypto_offload_fallback::Implementation;
 pub use error::{BackendError, Error, LengthRule, RequestError};
 pub use key::{MAX_KEY_LEN, SecretKey};
 pub use offload::{BackendInfo, Offload, OffloadBuilder};
-pub use session::{AeadSession, CipherSession, CrcSession, Tag};
+pub use session::{
+    AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
+};
 
 /// CRC combination: the CRC of `A ‖ B` from `crc(A)`, `crc(B)` and `len(B)`.
 pub use crypto_offload_fallback::combine as crc_combine;

@@ -152,14 +152,16 @@ impl fmt::Debug for Offload {
 /// Builds an [`Offload`].
 ///
 /// ```
-/// use std::sync::Arc;
-/// use crypto_offload::{CpuBackend, Offload};
+/// use crypto_offload::{Implementation, Offload};
 ///
-/// // A second CPU backend as a stand-in for a third party's engine.
+/// // Third-party engines join with `.backend(Arc::new(engine))`; `.pin`
+/// // sends every session to one of them.
 /// let offload = Offload::builder()
-///     .backend(Arc::new(CpuBackend::new()) as _)
+///     .cpu_implementation(Implementation::RustCrypto)
+///     .pin("cpu")
 ///     .build()?;
-/// assert_eq!(offload.backends().len(), 2);
+/// assert_eq!(offload.backends()[0].name, "cpu");
+/// assert!(Offload::builder().pin("no-such-engine").build().is_err());
 /// # Ok::<(), crypto_offload::Error>(())
 /// ```
 #[derive(Default)]

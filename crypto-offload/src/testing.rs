@@ -13,7 +13,7 @@
 //! let offload = Offload::builder().pin("cpu").build()?;
 //! let report = testing::run_vectors(&offload).await;
 //! report.assert_ok();
-//! assert!(report.passed > 900);
+//! assert!(report.passed > 600);
 //! # Ok::<(), crypto_offload::Error>(()) });
 //! ```
 //!
@@ -237,7 +237,7 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<Vector>, ParseError> {
 }
 
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

@@ -1,12 +1,16 @@
 //! AEAD sessions (AES-GCM).
 
 use core::fmt;
+use core::future::Future;
+use core::mem;
+use core::pin::Pin;
+use core::task::{Context, Poll};
 
 use crypto_offload_fallback::{GCM_MAX_LEN, Gcm};
 use tracing::Instrument;
 use zeroize::Zeroize;
 
-use super::{Engine, engine_for, open_failed, replaying};
+use super::{Engine, EngineFuture, engine_for, open_failed, replaying};
 use crate::alg::{AeadAlg, Algorithm};
 use crate::backend::AeadContext;
 use crate::buffer::{Buffer, IoBuf};
@@ -114,15 +118,8 @@ impl AeadSession {
     ///
     /// # Cancel safety
     /// As for [`CipherSession::encrypt`](crate::CipherSession::encrypt).
-    pub async fn seal<B: Buffer>(
-        &self,
-        nonce: &[u8],
-        aad: &[u8],
-        buf: B,
-    ) -> Result<B, RequestError<B>> {
-        let (mut buf, tag) = self.seal_detached(nonce, aad, buf).await?;
-        buf.append(&tag);
-        Ok(buf)
+    pub fn seal<'a, B: Buffer>(&'a self, nonce: &'a [u8], aad: &'a [u8], buf: B) -> Seal<'a, B> {
+        Seal(self.seal_detached(nonce, aad, buf))
     }
 
     /// Encrypts `buf` in place and returns the tag separately.
@@ -132,33 +129,16 @@ impl AeadSession {
     ///
     /// # Cancel safety
     /// As for [`seal`](Self::seal).
-    pub async fn seal_detached<B: Buffer>(
-        &self,
-        nonce: &[u8],
-        aad: &[u8],
-        mut buf: B,
-    ) -> Result<(B, Tag), RequestError<B>> {
-        let nonce = match self.check(nonce, buf.bytes_mut().len()) {
-            Ok(n) => n,
-            Err(e) => return Err(RequestError::new(e, buf)),
-        };
-        if let (Route::Engine, Some(engine)) = (route(self.engine.is_some()), &self.engine) {
-            let io = buf.into_io();
-            let span = tracing::trace_span!("seal", backend = &*engine.name, alg = %self.alg, len = io.len());
-            match engine.ctx.seal(nonce, aad, io).instrument(span).await {
-                Ok((io, tag)) => return Ok((B::from_io(io), tag)),
-                Err(failed) => {
-                    replaying(&engine.name, &failed.error);
-                    buf = B::from_io(failed.buf);
-                }
-            }
-        }
-        match self
-            .cpu
-            .seal_in_place_detached(&nonce, aad, buf.bytes_mut())
-        {
-            Ok(tag) => Ok((buf, tag)),
-            Err(e) => Err(RequestError::new(map_error(self.alg.into(), e), buf)),
+    pub fn seal_detached<'a, B: Buffer>(
+        &'a self,
+        nonce: &'a [u8],
+        aad: &'a [u8],
+        buf: B,
+    ) -> SealDetached<'a, B> {
+        SealDetached {
+            session: self,
+            aad,
+            state: SealState::Start { nonce, buf },
         }
     }
 
@@ -173,25 +153,16 @@ impl AeadSession {
     /// # Cancel safety
     /// As for [`seal`](Self::seal). No plaintext is ever observable before
     /// the tag has verified.
-    pub async fn open<B: Buffer>(
-        &self,
-        nonce: &[u8],
-        aad: &[u8],
-        mut buf: B,
-    ) -> Result<B, RequestError<B>> {
-        let len = buf.bytes_mut().len();
-        let Some(ct_len) = len.checked_sub(16) else {
-            let e = Error::TagLength {
-                alg: self.alg.into(),
-                len,
-                expected: 16,
-            };
-            return Err(RequestError::new(e, buf));
-        };
-        let mut tag = [0u8; 16];
-        tag.copy_from_slice(&buf.bytes_mut()[ct_len..]);
-        buf.shorten(ct_len);
-        self.open_detached(nonce, aad, buf, &tag).await
+    pub fn open<'a, B: Buffer>(&'a self, nonce: &'a [u8], aad: &'a [u8], buf: B) -> Open<'a, B> {
+        Open {
+            session: self,
+            aad,
+            state: OpenState::Start {
+                nonce,
+                buf,
+                tag: None,
+            },
+        }
     }
 
     /// Verifies `tag` and decrypts `buf` in place.
@@ -202,42 +173,48 @@ impl AeadSession {
     ///
     /// # Cancel safety
     /// As for [`open`](Self::open).
-    pub async fn open_detached<B: Buffer>(
+    pub fn open_detached<'a, B: Buffer>(
+        &'a self,
+        nonce: &'a [u8],
+        aad: &'a [u8],
+        buf: B,
+        tag: &'a [u8],
+    ) -> Open<'a, B> {
+        Open {
+            session: self,
+            aad,
+            state: OpenState::Start {
+                nonce,
+                buf,
+                tag: Some(tag),
+            },
+        }
+    }
+
+    #[inline]
+    fn seal_cpu<B: Buffer>(
         &self,
-        nonce: &[u8],
+        nonce: &[u8; 12],
         aad: &[u8],
         mut buf: B,
-        tag: &[u8],
-    ) -> Result<B, RequestError<B>> {
-        let checked = self.check(nonce, buf.bytes_mut().len()).and_then(|n| {
-            let t = <[u8; 16]>::try_from(tag).map_err(|_| Error::TagLength {
-                alg: self.alg.into(),
-                len: tag.len(),
-                expected: 16,
-            })?;
-            Ok((n, t))
-        });
-        let (nonce, tag) = match checked {
-            Ok(v) => v,
-            Err(e) => return Err(RequestError::new(e, buf)),
-        };
-        if let (Route::Engine, Some(engine)) = (route(self.engine.is_some()), &self.engine) {
-            let io = buf.into_io();
-            let span = tracing::trace_span!("open", backend = &*engine.name, alg = %self.alg, len = io.len());
-            match engine.ctx.open(nonce, aad, io, tag).instrument(span).await {
-                Ok(io) => return Ok(B::from_io(io)),
-                Err(failed) if matches!(failed.error, BackendError::Authentication) => {
-                    return Err(RequestError::new(Error::Authentication, wiped(failed.buf)));
-                }
-                Err(failed) => {
-                    replaying(&engine.name, &failed.error);
-                    buf = B::from_io(failed.buf);
-                }
-            }
+    ) -> Result<(B, Tag), RequestError<B>> {
+        match self.cpu.seal_in_place_detached(nonce, aad, buf.bytes_mut()) {
+            Ok(tag) => Ok((buf, tag)),
+            Err(e) => Err(RequestError::new(map_error(self.alg.into(), e), buf)),
         }
+    }
+
+    #[inline]
+    fn open_cpu<B: Buffer>(
+        &self,
+        nonce: &[u8; 12],
+        aad: &[u8],
+        mut buf: B,
+        tag: &Tag,
+    ) -> Result<B, RequestError<B>> {
         match self
             .cpu
-            .open_in_place_detached(&nonce, aad, buf.bytes_mut(), &tag)
+            .open_in_place_detached(nonce, aad, buf.bytes_mut(), tag)
         {
             Ok(()) => Ok(buf),
             Err(e) => Err(RequestError::new(map_error(self.alg.into(), e), buf)),
@@ -269,3 +246,227 @@ fn wiped<B: Buffer>(io: IoBuf) -> B {
     buf.bytes_mut().zeroize();
     buf
 }
+
+/// The future of [`AeadSession::seal_detached`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct SealDetached<'a, B> {
+    session: &'a AeadSession,
+    aad: &'a [u8],
+    state: SealState<'a, B>,
+}
+
+enum SealState<'a, B> {
+    Start {
+        nonce: &'a [u8],
+        buf: B,
+    },
+    Engine {
+        nonce: [u8; 12],
+        fut: EngineFuture<'a, (IoBuf, Tag)>,
+    },
+    Done,
+}
+
+impl<B: Buffer> Future for SealDetached<'_, B> {
+    type Output = Result<(B, Tag), RequestError<B>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let (session, aad) = (this.session, this.aad);
+        loop {
+            match mem::replace(&mut this.state, SealState::Done) {
+                SealState::Start { nonce, mut buf } => {
+                    let nonce = match session.check(nonce, buf.bytes_mut().len()) {
+                        Ok(n) => n,
+                        Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
+                    };
+                    let engine = match (route(session.engine.is_some()), &session.engine) {
+                        (Route::Engine, Some(engine)) => engine,
+                        _ => return Poll::Ready(session.seal_cpu(&nonce, aad, buf)),
+                    };
+                    let io = buf.into_io();
+                    let span = tracing::trace_span!("seal", backend = &*engine.name, alg = %session.alg, len = io.len());
+                    this.state = SealState::Engine {
+                        nonce,
+                        fut: engine.ctx.seal(nonce, aad, io).instrument(span),
+                    };
+                }
+                SealState::Engine { nonce, mut fut } => {
+                    return match Pin::new(&mut fut).poll(cx) {
+                        Poll::Pending => {
+                            this.state = SealState::Engine { nonce, fut };
+                            Poll::Pending
+                        }
+                        Poll::Ready(Ok((io, tag))) => Poll::Ready(Ok((B::from_io(io), tag))),
+                        Poll::Ready(Err(failed)) => {
+                            if let Some(engine) = &session.engine {
+                                replaying(&engine.name, &failed.error);
+                            }
+                            Poll::Ready(session.seal_cpu(&nonce, aad, B::from_io(failed.buf)))
+                        }
+                    };
+                }
+                SealState::Done => panic!("SealDetached polled after it completed"),
+            }
+        }
+    }
+}
+
+/// The future of [`AeadSession::seal`]: [`SealDetached`] with the tag
+/// appended to the buffer.
+#[must_use = "futures do nothing unless awaited"]
+pub struct Seal<'a, B>(SealDetached<'a, B>);
+
+impl<B: Buffer> Future for Seal<'_, B> {
+    type Output = Result<B, RequestError<B>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.get_mut().0).poll(cx).map(|r| {
+            r.map(|(mut buf, tag)| {
+                buf.append(&tag);
+                buf
+            })
+        })
+    }
+}
+
+/// The future of [`AeadSession::open`] and
+/// [`open_detached`](AeadSession::open_detached).
+#[must_use = "futures do nothing unless awaited"]
+pub struct Open<'a, B> {
+    session: &'a AeadSession,
+    aad: &'a [u8],
+    state: OpenState<'a, B>,
+}
+
+enum OpenState<'a, B> {
+    /// `tag`: detached, or `None` for the buffer's last 16 bytes.
+    Start {
+        nonce: &'a [u8],
+        buf: B,
+        tag: Option<&'a [u8]>,
+    },
+    Engine {
+        nonce: [u8; 12],
+        tag: Tag,
+        fut: EngineFuture<'a, IoBuf>,
+    },
+    Done,
+}
+
+impl<B: Buffer> Open<'_, B> {
+    /// Validates the request and takes the tag (off the buffer's end if it
+    /// is not detached).
+    fn start(
+        session: &AeadSession,
+        nonce: &[u8],
+        mut buf: B,
+        tag: Option<&[u8]>,
+    ) -> Result<([u8; 12], Tag, B), RequestError<B>> {
+        let alg = session.alg.into();
+        let tag = match tag {
+            Some(t) => match <Tag>::try_from(t) {
+                Ok(t) => t,
+                Err(_) => {
+                    let e = Error::TagLength {
+                        alg,
+                        len: t.len(),
+                        expected: 16,
+                    };
+                    return Err(RequestError::new(e, buf));
+                }
+            },
+            None => {
+                let len = buf.bytes_mut().len();
+                let Some(ct_len) = len.checked_sub(16) else {
+                    let e = Error::TagLength {
+                        alg,
+                        len,
+                        expected: 16,
+                    };
+                    return Err(RequestError::new(e, buf));
+                };
+                let mut t = [0u8; 16];
+                t.copy_from_slice(&buf.bytes_mut()[ct_len..]);
+                buf.shorten(ct_len);
+                t
+            }
+        };
+        match session.check(nonce, buf.bytes_mut().len()) {
+            Ok(nonce) => Ok((nonce, tag, buf)),
+            Err(e) => Err(RequestError::new(e, buf)),
+        }
+    }
+}
+
+impl<B: Buffer> Future for Open<'_, B> {
+    type Output = Result<B, RequestError<B>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let (session, aad) = (this.session, this.aad);
+        loop {
+            match mem::replace(&mut this.state, OpenState::Done) {
+                OpenState::Start { nonce, buf, tag } => {
+                    let (nonce, tag, buf) = match Self::start(session, nonce, buf, tag) {
+                        Ok(v) => v,
+                        Err(e) => return Poll::Ready(Err(e)),
+                    };
+                    let engine = match (route(session.engine.is_some()), &session.engine) {
+                        (Route::Engine, Some(engine)) => engine,
+                        _ => return Poll::Ready(session.open_cpu(&nonce, aad, buf, &tag)),
+                    };
+                    let io = buf.into_io();
+                    let span = tracing::trace_span!("open", backend = &*engine.name, alg = %session.alg, len = io.len());
+                    this.state = OpenState::Engine {
+                        nonce,
+                        tag,
+                        fut: engine.ctx.open(nonce, aad, io, tag).instrument(span),
+                    };
+                }
+                OpenState::Engine {
+                    nonce,
+                    tag,
+                    mut fut,
+                } => {
+                    return match Pin::new(&mut fut).poll(cx) {
+                        Poll::Pending => {
+                            this.state = OpenState::Engine { nonce, tag, fut };
+                            Poll::Pending
+                        }
+                        Poll::Ready(Ok(io)) => Poll::Ready(Ok(B::from_io(io))),
+                        Poll::Ready(Err(failed))
+                            if matches!(failed.error, BackendError::Authentication) =>
+                        {
+                            Poll::Ready(Err(RequestError::new(
+                                Error::Authentication,
+                                wiped(failed.buf),
+                            )))
+                        }
+                        Poll::Ready(Err(failed)) => {
+                            if let Some(engine) = &session.engine {
+                                replaying(&engine.name, &failed.error);
+                            }
+                            Poll::Ready(session.open_cpu(&nonce, aad, B::from_io(failed.buf), &tag))
+                        }
+                    };
+                }
+                OpenState::Done => panic!("Open polled after it completed"),
+            }
+        }
+    }
+}
+
+macro_rules! debug_request {
+    ($($t:ident),*) => {$(
+        impl<B> fmt::Debug for $t<'_, B> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($t)).finish_non_exhaustive()
+            }
+        }
+    )*};
+}
+debug_request!(SealDetached, Seal, Open);

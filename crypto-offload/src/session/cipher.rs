@@ -1,13 +1,17 @@
 //! Cipher sessions (AES-CBC, -CTR, -XTS).
 
 use core::fmt;
+use core::future::Future;
+use core::mem;
+use core::pin::Pin;
+use core::task::{Context, Poll};
 
 use tracing::Instrument;
 
-use super::{Engine, engine_for, open_failed, replaying};
+use super::{Engine, EngineFuture, engine_for, open_failed, replaying};
 use crate::alg::{Algorithm, CipherAlg, CipherMode};
 use crate::backend::{CipherContext, CipherParams};
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, IoBuf};
 use crate::cpu::{CpuCipher, map_error};
 use crate::error::{Error, LengthRule, RequestError};
 use crate::key::SecretKey;
@@ -144,8 +148,9 @@ impl CipherSession {
     /// Dropping the future is safe at any point: on the CPU the work is done
     /// within one poll; a hardware backend keeps the buffer until the engine
     /// is done with it. The buffer is then lost to the caller.
-    pub async fn encrypt<B: Buffer>(&self, iv: &[u8], buf: B) -> Result<B, RequestError<B>> {
-        self.run(true, iv, buf).await
+    #[inline]
+    pub fn encrypt<'a, B: Buffer>(&'a self, iv: &'a [u8], buf: B) -> CipherRequest<'a, B> {
+        CipherRequest::new(self, true, iv, buf)
     }
 
     /// Decrypts `buf` in place and returns it. See [`encrypt`](Self::encrypt).
@@ -155,8 +160,9 @@ impl CipherSession {
     ///
     /// # Cancel safety
     /// As for [`encrypt`](Self::encrypt).
-    pub async fn decrypt<B: Buffer>(&self, iv: &[u8], buf: B) -> Result<B, RequestError<B>> {
-        self.run(false, iv, buf).await
+    #[inline]
+    pub fn decrypt<'a, B: Buffer>(&'a self, iv: &'a [u8], buf: B) -> CipherRequest<'a, B> {
+        CipherRequest::new(self, false, iv, buf)
     }
 
     fn params(&self, iv: &[u8], len: usize) -> Result<CipherParams, Error> {
@@ -169,10 +175,10 @@ impl CipherSession {
             });
         };
         let rule = match self.alg.mode() {
-            CipherMode::Cbc if len % 16 != 0 => Some(LengthRule::MultipleOfBlock),
+            CipherMode::Cbc if !len.is_multiple_of(16) => Some(LengthRule::MultipleOfBlock),
             CipherMode::Xts if len < 16 => Some(LengthRule::AtLeastOneBlock),
             CipherMode::Xts => match self.data_unit {
-                Some(u) if len % u != 0 => Some(LengthRule::MultipleOfDataUnit(u)),
+                Some(u) if !len.is_multiple_of(u) => Some(LengthRule::MultipleOfDataUnit(u)),
                 _ => None,
             },
             _ => None,
@@ -181,41 +187,6 @@ impl CipherSession {
             return Err(Error::DataLength { alg, len, rule });
         }
         Ok(CipherParams::new(iv, self.data_unit.unwrap_or(len)))
-    }
-
-    async fn run<B: Buffer>(
-        &self,
-        encrypt: bool,
-        iv: &[u8],
-        mut buf: B,
-    ) -> Result<B, RequestError<B>> {
-        let params = match self.params(iv, buf.bytes_mut().len()) {
-            Ok(p) => p,
-            Err(e) => return Err(RequestError::new(e, buf)),
-        };
-        match route(self.engine.is_some()) {
-            Route::Cpu => self.run_cpu(encrypt, &params, buf),
-            Route::Engine => {
-                let Some(engine) = &self.engine else {
-                    return self.run_cpu(encrypt, &params, buf);
-                };
-                let io = buf.into_io();
-                let len = io.len();
-                let span = tracing::trace_span!("cipher", backend = &*engine.name, alg = %self.alg, len, encrypt);
-                let done = if encrypt {
-                    engine.ctx.encrypt(params, io).instrument(span).await
-                } else {
-                    engine.ctx.decrypt(params, io).instrument(span).await
-                };
-                match done {
-                    Ok(io) => Ok(B::from_io(io)),
-                    Err(failed) => {
-                        replaying(&engine.name, &failed.error);
-                        self.run_cpu(encrypt, &params, B::from_io(failed.buf))
-                    }
-                }
-            }
-        }
     }
 
     #[inline]
@@ -228,6 +199,110 @@ impl CipherSession {
         match self.cpu.run(encrypt, params, buf.bytes_mut()) {
             Ok(()) => Ok(buf),
             Err(e) => Err(RequestError::new(map_error(self.alg.into(), e), buf)),
+        }
+    }
+}
+
+/// The future of a [`CipherSession::encrypt`] or
+/// [`decrypt`](CipherSession::decrypt) request.
+///
+/// A named, small future (not an `async fn`'s state machine): on the CPU
+/// path it does the work in its first poll and moves only the buffer.
+#[must_use = "futures do nothing unless awaited"]
+pub struct CipherRequest<'a, B> {
+    session: &'a CipherSession,
+    encrypt: bool,
+    state: State<'a, B>,
+}
+
+enum State<'a, B> {
+    Start {
+        iv: &'a [u8],
+        buf: B,
+    },
+    Engine {
+        params: CipherParams,
+        fut: EngineFuture<'a, IoBuf>,
+    },
+    Done,
+}
+
+impl<'a, B: Buffer> CipherRequest<'a, B> {
+    fn new(session: &'a CipherSession, encrypt: bool, iv: &'a [u8], buf: B) -> Self {
+        CipherRequest {
+            session,
+            encrypt,
+            state: State::Start { iv, buf },
+        }
+    }
+}
+
+impl<B> fmt::Debug for CipherRequest<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CipherRequest")
+            .field("alg", &self.session.alg)
+            .field("encrypt", &self.encrypt)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Buffer> Future for CipherRequest<'_, B> {
+    type Output = Result<B, RequestError<B>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let session = this.session;
+        loop {
+            match mem::replace(&mut this.state, State::Done) {
+                State::Start { iv, mut buf } => {
+                    let params = match session.params(iv, buf.bytes_mut().len()) {
+                        Ok(p) => p,
+                        Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
+                    };
+                    let engine = match (route(session.engine.is_some()), &session.engine) {
+                        (Route::Engine, Some(engine)) => engine,
+                        _ => return Poll::Ready(session.run_cpu(this.encrypt, &params, buf)),
+                    };
+                    let io = buf.into_io();
+                    let span = tracing::trace_span!(
+                        "cipher",
+                        backend = &*engine.name,
+                        alg = %session.alg,
+                        len = io.len(),
+                        encrypt = this.encrypt
+                    );
+                    let fut = if this.encrypt {
+                        engine.ctx.encrypt(params, io)
+                    } else {
+                        engine.ctx.decrypt(params, io)
+                    };
+                    this.state = State::Engine {
+                        params,
+                        fut: fut.instrument(span),
+                    };
+                }
+                State::Engine { params, mut fut } => {
+                    return match Pin::new(&mut fut).poll(cx) {
+                        Poll::Pending => {
+                            this.state = State::Engine { params, fut };
+                            Poll::Pending
+                        }
+                        Poll::Ready(Ok(io)) => Poll::Ready(Ok(B::from_io(io))),
+                        Poll::Ready(Err(failed)) => {
+                            if let Some(engine) = &session.engine {
+                                replaying(&engine.name, &failed.error);
+                            }
+                            Poll::Ready(session.run_cpu(
+                                this.encrypt,
+                                &params,
+                                B::from_io(failed.buf),
+                            ))
+                        }
+                    };
+                }
+                State::Done => panic!("CipherRequest polled after it completed"),
+            }
         }
     }
 }

@@ -1,14 +1,18 @@
 //! CRC sessions.
 
 use core::fmt;
+use core::future::Future;
+use core::mem;
+use core::pin::Pin;
+use core::task::{Context, Poll};
 
 use crypto_offload_fallback::{Crc, combine};
 use tracing::Instrument;
 
-use super::{Engine, engine_for, open_failed, replaying};
+use super::{Engine, EngineFuture, engine_for, open_failed, replaying};
 use crate::alg::CrcAlg;
 use crate::backend::CrcContext;
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, IoBuf};
 use crate::error::{Error, RequestError};
 use crate::offload::Offload;
 use crate::route::{Route, route};
@@ -96,25 +100,11 @@ impl CrcSession {
     /// If the future is dropped before it completes, the update may or may
     /// not have been applied: drop the session (or [`reset`](Self::reset)
     /// it) rather than continue the stream.
-    pub async fn update<B: Buffer>(&mut self, mut buf: B) -> Result<B, RequestError<B>> {
-        if let (Route::Engine, Some(engine)) = (route(self.engine.is_some()), &self.engine) {
-            let io = buf.into_io();
-            let len = io.len() as u64;
-            let span = tracing::trace_span!("crc", backend = &*engine.name, alg = %self.alg, len);
-            match engine.ctx.checksum(io).instrument(span).await {
-                Ok((io, piece)) => {
-                    let value = combine(self.alg, self.state.finalize(), piece, len);
-                    self.state = Crc::resume(self.alg, value, self.state.len() + len);
-                    return Ok(B::from_io(io));
-                }
-                Err(failed) => {
-                    replaying(&engine.name, &failed.error);
-                    buf = B::from_io(failed.buf);
-                }
-            }
+    #[inline]
+    pub fn update<B: Buffer>(&mut self, buf: B) -> CrcUpdate<'_, B> {
+        CrcUpdate {
+            state: UpdateState::Start { session: self, buf },
         }
-        self.state.update(buf.bytes_mut());
-        Ok(buf)
     }
 
     /// Feeds borrowed bytes, on the CPU, synchronously.
@@ -152,6 +142,103 @@ impl CrcSession {
             Ok(())
         } else {
             Err(Error::ChecksumMismatch { expected, computed })
+        }
+    }
+}
+
+/// The future of [`CrcSession::update`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct CrcUpdate<'a, B> {
+    state: UpdateState<'a, B>,
+}
+
+enum UpdateState<'a, B> {
+    Start {
+        session: &'a mut CrcSession,
+        buf: B,
+    },
+    Engine {
+        /// The session's fields the completion needs; the context itself is
+        /// borrowed by `fut`.
+        alg: CrcAlg,
+        state: &'a mut Crc,
+        name: &'a str,
+        len: u64,
+        fut: EngineFuture<'a, (IoBuf, u64)>,
+    },
+    Done,
+}
+
+impl<B> fmt::Debug for CrcUpdate<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CrcUpdate").finish_non_exhaustive()
+    }
+}
+
+impl<B: Buffer> Future for CrcUpdate<'_, B> {
+    type Output = Result<B, RequestError<B>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            match mem::replace(&mut this.state, UpdateState::Done) {
+                UpdateState::Start { session, mut buf } => {
+                    let CrcSession {
+                        alg, state, engine, ..
+                    } = session;
+                    let engine = match (route(engine.is_some()), engine.as_ref()) {
+                        (Route::Engine, Some(engine)) => engine,
+                        _ => {
+                            state.update(buf.bytes_mut());
+                            return Poll::Ready(Ok(buf));
+                        }
+                    };
+                    let io = buf.into_io();
+                    let len = io.len() as u64;
+                    let span =
+                        tracing::trace_span!("crc", backend = &*engine.name, alg = %alg, len);
+                    this.state = UpdateState::Engine {
+                        alg: *alg,
+                        state,
+                        name: &engine.name,
+                        len,
+                        fut: engine.ctx.checksum(io).instrument(span),
+                    };
+                }
+                UpdateState::Engine {
+                    alg,
+                    state,
+                    name,
+                    len,
+                    mut fut,
+                } => {
+                    return match Pin::new(&mut fut).poll(cx) {
+                        Poll::Pending => {
+                            this.state = UpdateState::Engine {
+                                alg,
+                                state,
+                                name,
+                                len,
+                                fut,
+                            };
+                            Poll::Pending
+                        }
+                        Poll::Ready(Ok((io, piece))) => {
+                            let value = combine(alg, state.finalize(), piece, len);
+                            *state = Crc::resume(alg, value, state.len() + len);
+                            Poll::Ready(Ok(B::from_io(io)))
+                        }
+                        Poll::Ready(Err(failed)) => {
+                            replaying(name, &failed.error);
+                            let mut buf = B::from_io(failed.buf);
+                            state.update(buf.bytes_mut());
+                            Poll::Ready(Ok(buf))
+                        }
+                    };
+                }
+                UpdateState::Done => panic!("CrcUpdate polled after it completed"),
+            }
         }
     }
 }

@@ -10,14 +10,21 @@ mod crc;
 
 use std::sync::Arc;
 
-pub use aead::{AeadSession, Tag};
-pub use cipher::CipherSession;
-pub use crc::CrcSession;
+pub use aead::{AeadSession, Open, Seal, SealDetached, Tag};
+pub use cipher::{CipherRequest, CipherSession};
+pub use crc::{CrcSession, CrcUpdate};
 
 use crate::alg::Algorithm;
 use crate::backend::SharedBackend;
 use crate::error::{BackendError, Error};
 use crate::offload::Offload;
+
+/// A backend request in flight, inside its tracing span.
+pub(crate) type EngineFuture<'a, T> = tracing::instrument::Instrumented<
+    core::pin::Pin<
+        Box<dyn core::future::Future<Output = Result<T, crate::backend::Failed>> + Send + 'a>,
+    >,
+>;
 
 /// A session's context on a non-CPU backend.
 pub(crate) struct Engine<C: ?Sized> {

@@ -72,7 +72,7 @@ fn spoil(corrupt: bool, mut buf: IoBuf) -> IoBuf {
 impl Counter {
     fn fails(&self) -> bool {
         let n = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
-        self.fail_every != 0 && n % self.fail_every == 0
+        self.fail_every != 0 && n.is_multiple_of(self.fail_every)
     }
 }
 

@@ -1,0 +1,546 @@
+//! The session API: what callers can rely on, including every way a request
+//! can be refused.
+
+mod common;
+
+use bytes::BytesMut;
+use crypto_offload::{
+    AeadAlg, AeadSession, Algorithm, CipherAlg, CipherSession, CrcAlg, CrcSession, Error,
+    LengthRule, Offload, RequestError, SecretKey,
+};
+
+fn key(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(3))
+        .collect()
+}
+
+fn assert_send_sync<T: Send + Sync>() {}
+fn assert_send<T: Send>() {}
+
+#[test]
+fn offload_and_sessions_can_cross_tasks() {
+    assert_send_sync::<Offload>();
+    assert_send_sync::<CipherSession>();
+    assert_send_sync::<AeadSession>();
+    assert_send_sync::<CrcSession>();
+    assert_send_sync::<Error>();
+    assert_send::<RequestError<Vec<u8>>>();
+}
+
+#[tokio::test]
+async fn request_futures_are_send() {
+    let offload = Offload::discover().await.unwrap();
+    let s = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    let g = offload.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
+    let mut c = offload.crc(CrcAlg::Crc32Iscsi).await.unwrap();
+    fn is_send<F: std::future::Future + Send>(f: F) -> F {
+        f
+    }
+    is_send(s.encrypt(&[0; 16], vec![1u8; 8])).await.unwrap();
+    is_send(g.seal(&[0; 12], b"", BytesMut::from(&b"x"[..])))
+        .await
+        .unwrap();
+    is_send(c.update(vec![0u8; 3])).await.unwrap();
+    // A session moved into a spawned task keeps working.
+    let handle = tokio::spawn(async move {
+        s.encrypt(&[0; 16], vec![0u8; 32])
+            .await
+            .map_err(Error::from)
+    });
+    assert_eq!(handle.await.unwrap().unwrap().len(), 32);
+}
+
+#[tokio::test]
+async fn one_session_serves_many_concurrent_requests() {
+    let offload = Offload::discover().await.unwrap();
+    let s = std::sync::Arc::new(
+        offload
+            .cipher(CipherAlg::Aes256Xts, &key(64))
+            .await
+            .unwrap(),
+    );
+    let mut tasks = Vec::new();
+    for i in 0..64u128 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let pt = vec![i as u8; 4096];
+            let ct = s.encrypt(&i.to_le_bytes(), pt.clone()).await.unwrap();
+            assert_ne!(ct, pt);
+            let back = s.decrypt(&i.to_le_bytes(), ct).await.unwrap();
+            assert_eq!(back, pt);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn keys_of_the_wrong_length_are_refused_for_every_algorithm() {
+    let offload = Offload::discover().await.unwrap();
+    for alg in CipherAlg::ALL {
+        for len in [0, 15, 16, 17, 24, 32, 33, 48, 64, 65] {
+            let r = offload.cipher(alg, &key(len)).await;
+            if len == alg.key_len() {
+                assert!(r.is_ok(), "{alg} {len}");
+            } else {
+                let e = r.unwrap_err();
+                assert!(
+                    matches!(e, Error::KeyLength { len: l, expected, .. } if l == len && expected == alg.key_len()),
+                    "{alg} {len}: {e}"
+                );
+            }
+        }
+    }
+    for alg in AeadAlg::ALL {
+        for len in [0, 15, 16, 17, 24, 32, 33, 64] {
+            let r = offload.aead(alg, &key(len)).await;
+            assert_eq!(r.is_ok(), len == alg.key_len(), "{alg} {len}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn xts_keys_with_equal_halves_are_refused() {
+    let offload = Offload::discover().await.unwrap();
+    for alg in [
+        CipherAlg::Aes128Xts,
+        CipherAlg::Aes192Xts,
+        CipherAlg::Aes256Xts,
+    ] {
+        let half = key(alg.key_len() / 2);
+        let k = [half.clone(), half].concat();
+        let e = offload.cipher(alg, &k).await.unwrap_err();
+        assert!(
+            matches!(e, Error::WeakKey { alg: a } if a == Algorithm::Cipher(alg)),
+            "{e}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_and_the_buffer_comes_back_untouched() {
+    let offload = Offload::discover().await.unwrap();
+    let cbc = offload
+        .cipher(CipherAlg::Aes128Cbc, &key(16))
+        .await
+        .unwrap();
+    let ctr = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    let xts = offload
+        .cipher(CipherAlg::Aes128Xts, &key(32))
+        .await
+        .unwrap();
+    let xts_units = offload
+        .cipher(CipherAlg::Aes128Xts, &key(32))
+        .await
+        .unwrap()
+        .with_data_unit(512)
+        .unwrap();
+
+    let original: Vec<u8> = (0..100u8).collect();
+    type Case<'a> = (&'a CipherSession, &'a [u8], usize, fn(&Error) -> bool);
+    let cases: Vec<Case<'_>> = vec![
+        (&cbc, &[0; 15], 32, |e| {
+            matches!(
+                e,
+                Error::IvLength {
+                    len: 15,
+                    expected: 16,
+                    ..
+                }
+            )
+        }),
+        (&ctr, &[0; 17], 32, |e| {
+            matches!(e, Error::IvLength { len: 17, .. })
+        }),
+        (&xts, &[], 32, |e| {
+            matches!(e, Error::IvLength { len: 0, .. })
+        }),
+        (&cbc, &[0; 16], 17, |e| {
+            matches!(
+                e,
+                Error::DataLength {
+                    len: 17,
+                    rule: LengthRule::MultipleOfBlock,
+                    ..
+                }
+            )
+        }),
+        (&xts, &[0; 16], 15, |e| {
+            matches!(
+                e,
+                Error::DataLength {
+                    len: 15,
+                    rule: LengthRule::AtLeastOneBlock,
+                    ..
+                }
+            )
+        }),
+        (&xts, &[0; 16], 0, |e| {
+            matches!(e, Error::DataLength { len: 0, .. })
+        }),
+        (&xts_units, &[0; 16], 100, |e| {
+            matches!(
+                e,
+                Error::DataLength {
+                    rule: LengthRule::MultipleOfDataUnit(512),
+                    ..
+                }
+            )
+        }),
+    ];
+    for (session, iv, len, expected) in cases {
+        for encrypt in [true, false] {
+            let buf = original[..len].to_vec();
+            let r = if encrypt {
+                session.encrypt(iv, buf).await
+            } else {
+                session.decrypt(iv, buf).await
+            };
+            let (e, buf) = r.unwrap_err().into_parts();
+            assert!(
+                expected(&e),
+                "{:?} iv {} len {len}: {e}",
+                session.alg(),
+                iv.len()
+            );
+            assert_eq!(
+                buf,
+                original[..len],
+                "the buffer must come back as it went in"
+            );
+        }
+    }
+    assert_eq!(xts.data_unit(), None);
+    assert_eq!(xts_units.data_unit(), Some(512));
+}
+
+#[tokio::test]
+async fn data_units_need_xts_and_at_least_a_block() {
+    let offload = Offload::discover().await.unwrap();
+    let xts = offload
+        .cipher(CipherAlg::Aes128Xts, &key(32))
+        .await
+        .unwrap();
+    assert!(matches!(
+        xts.with_data_unit(15),
+        Err(Error::DataLength { len: 15, .. })
+    ));
+    let cbc = offload
+        .cipher(CipherAlg::Aes128Cbc, &key(16))
+        .await
+        .unwrap();
+    assert!(cbc.with_data_unit(512).is_err());
+}
+
+#[tokio::test]
+async fn xts_data_units_use_consecutive_tweaks() {
+    let offload = Offload::discover().await.unwrap();
+    let k = key(64);
+    let whole = offload
+        .cipher(CipherAlg::Aes256Xts, &k)
+        .await
+        .unwrap()
+        .with_data_unit(512)
+        .unwrap();
+    let single = offload.cipher(CipherAlg::Aes256Xts, &k).await.unwrap();
+    let pt: Vec<u8> = (0..8 * 512).map(|i| i as u8).collect();
+    let first = u128::MAX - 2; // wraps after 3 units
+    let got = whole
+        .encrypt(&first.to_le_bytes(), pt.clone())
+        .await
+        .unwrap();
+    for (i, unit) in pt.chunks(512).enumerate() {
+        let tweak = first.wrapping_add(i as u128).to_le_bytes();
+        let want = single.encrypt(&tweak, unit.to_vec()).await.unwrap();
+        assert_eq!(got[i * 512..(i + 1) * 512], want[..], "unit {i}");
+    }
+}
+
+#[tokio::test]
+async fn aead_refuses_bad_nonces_and_tags_and_wipes_on_failure() {
+    let offload = Offload::discover().await.unwrap();
+    let g = offload.aead(AeadAlg::Aes256Gcm, &key(32)).await.unwrap();
+    let pt = b"attack at dawn".to_vec();
+
+    for n in [0usize, 8, 11, 13, 16] {
+        let (e, buf) = g
+            .seal(&vec![0; n], b"", pt.clone())
+            .await
+            .unwrap_err()
+            .into_parts();
+        assert!(
+            matches!(e, Error::IvLength { len, expected: 12, .. } if len == n),
+            "{e}"
+        );
+        assert_eq!(buf, pt);
+    }
+    let (sealed, tag) = g.seal_detached(&[1; 12], b"aad", pt.clone()).await.unwrap();
+    for t in [0usize, 15, 17] {
+        let (e, buf) = g
+            .open_detached(&[1; 12], b"aad", sealed.clone(), &vec![0; t])
+            .await
+            .unwrap_err()
+            .into_parts();
+        assert!(matches!(e, Error::TagLength { len, .. } if len == t), "{e}");
+        assert_eq!(buf, sealed, "untouched on a parameter error");
+    }
+    let (e, buf) = g
+        .open(&[1; 12], b"aad", vec![0u8; 15])
+        .await
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(e, Error::TagLength { len: 15, .. }), "{e}");
+    assert_eq!(buf.len(), 15);
+
+    // Wrong AAD, wrong nonce, flipped tag: opaque error, zeroed buffer.
+    let good = g
+        .open_detached(&[1; 12], b"aad", sealed.clone(), &tag)
+        .await
+        .unwrap();
+    assert_eq!(good, pt);
+    let mut bad_tag = tag;
+    bad_tag[15] ^= 0x80;
+    let attempts = [
+        g.open_detached(&[1; 12], b"aaD", sealed.clone(), &tag)
+            .await,
+        g.open_detached(&[2; 12], b"aad", sealed.clone(), &tag)
+            .await,
+        g.open_detached(&[1; 12], b"aad", sealed.clone(), &bad_tag)
+            .await,
+    ];
+    for r in attempts {
+        let (e, buf) = r.unwrap_err().into_parts();
+        assert!(matches!(e, Error::Authentication));
+        assert_eq!(e.to_string(), "authentication failed");
+        assert_eq!(buf, vec![0u8; pt.len()]);
+    }
+}
+
+#[tokio::test]
+async fn aad_only_and_empty_messages_work() {
+    let offload = Offload::discover().await.unwrap();
+    let g = offload.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
+    let sealed = g.seal(&[0; 12], b"only aad", Vec::new()).await.unwrap();
+    assert_eq!(sealed.len(), 16);
+    assert!(
+        g.open(&[0; 12], b"only aad", sealed.clone())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(g.open(&[0; 12], b"other aad", sealed).await.is_err());
+    let ctr = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    assert!(ctr.encrypt(&[0; 16], Vec::new()).await.unwrap().is_empty());
+    let cbc = offload
+        .cipher(CipherAlg::Aes128Cbc, &key(16))
+        .await
+        .unwrap();
+    assert!(
+        cbc.encrypt(&[0; 16], BytesMut::new())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn request_errors_convert_for_question_mark_and_hide_the_buffer() {
+    async fn use_it(offload: &Offload) -> Result<Vec<u8>, Error> {
+        let s = offload.cipher(CipherAlg::Aes128Cbc, &[0u8; 16]).await?;
+        Ok(s.encrypt(&[0; 16], b"secret plaintext!".to_vec()).await?)
+    }
+    let offload = Offload::discover().await.unwrap();
+    let e = use_it(&offload).await.unwrap_err();
+    assert!(matches!(e, Error::DataLength { len: 17, .. }));
+
+    let s = offload
+        .cipher(CipherAlg::Aes128Cbc, &[0u8; 16])
+        .await
+        .unwrap();
+    let re = s
+        .encrypt(&[0; 16], b"secret plaintext!".to_vec())
+        .await
+        .unwrap_err();
+    let shown = format!("{re:?} {re}");
+    assert!(
+        !shown.contains("secret") && !shown.contains("115, 101"),
+        "{shown}"
+    );
+}
+
+#[tokio::test]
+async fn debug_output_never_shows_key_bytes() {
+    let offload = Offload::discover().await.unwrap();
+    let k: Vec<u8> = vec![0xa7; 64];
+    let mut k2 = k.clone();
+    k2[40] = 0x11;
+    let shown = [
+        format!("{:?}", SecretKey::new(&k).unwrap()),
+        format!(
+            "{:?}",
+            offload.cipher(CipherAlg::Aes256Xts, &k2).await.unwrap()
+        ),
+        format!(
+            "{:?}",
+            offload
+                .cipher(CipherAlg::Aes256Cbc, &k[..32])
+                .await
+                .unwrap()
+        ),
+        format!(
+            "{:?}",
+            offload.aead(AeadAlg::Aes256Gcm, &k[..32]).await.unwrap()
+        ),
+        format!("{offload:?}"),
+    ];
+    for s in shown {
+        for needle in ["a7", "A7", "167"] {
+            assert!(!s.contains(needle), "{s}");
+        }
+    }
+    assert!(SecretKey::new(&[0u8; 65]).is_none());
+}
+
+#[tokio::test]
+async fn crc_streams_across_updates_and_verifies() {
+    let offload = Offload::discover().await.unwrap();
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+    for alg in CrcAlg::ALL {
+        let mut s = offload.crc(alg).await.unwrap();
+        let back = s.update(data[..3333].to_vec()).await.unwrap();
+        assert_eq!(back, data[..3333]);
+        s.update(BytesMut::from(&data[3333..9000])).await.unwrap();
+        s.update_from_slice(&data[9000..]);
+        let want = crypto_offload_fallback::checksum(alg, &data);
+        assert_eq!(s.finalize(), want, "{alg}");
+        assert_eq!(s.len(), data.len() as u64);
+        s.verify(want).unwrap();
+        assert!(matches!(
+            s.verify(want ^ 4),
+            Err(Error::ChecksumMismatch { .. })
+        ));
+        s.reset();
+        assert!(s.is_empty());
+        assert_eq!(s.finalize(), crypto_offload_fallback::checksum(alg, b""));
+    }
+}
+
+#[tokio::test]
+async fn builder_refuses_unknown_and_duplicate_backends() {
+    assert!(matches!(
+        Offload::builder().pin("nope").build(),
+        Err(Error::UnknownBackend(n)) if n == "nope"
+    ));
+    let r = Offload::builder()
+        .backend(common::Engine::new("cpu").shared())
+        .build();
+    assert!(r.is_err(), "a backend may not take the CPU's name");
+    let r = Offload::builder()
+        .backend(common::Engine::new("x").shared())
+        .backend(common::Engine::new("x").shared())
+        .build();
+    assert!(r.is_err());
+    let o = Offload::builder()
+        .backend(common::Engine::new("x").shared())
+        .pin("cpu")
+        .build()
+        .unwrap();
+    let names: Vec<_> = o
+        .backends()
+        .into_iter()
+        .map(|b| (b.name, b.pinned))
+        .collect();
+    assert_eq!(names, [("cpu".to_owned(), true), ("x".to_owned(), false)]);
+}
+
+#[tokio::test]
+async fn a_pinned_backend_that_lacks_the_algorithm_is_an_error_at_open() {
+    let offload = Offload::builder()
+        .backend(
+            common::Engine::new("crc-only")
+                .only(Algorithm::Crc(CrcAlg::Crc32Iscsi))
+                .shared(),
+        )
+        .pin("crc-only")
+        .build()
+        .unwrap();
+    let e = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Unsupported { ref backend, .. } if backend == "crc-only"),
+        "{e}"
+    );
+    let c = offload.crc(CrcAlg::Crc32Iscsi).await.unwrap();
+    assert_eq!(c.backend(), "crc-only");
+}
+
+#[tokio::test]
+async fn requests_a_backend_fails_complete_on_the_cpu_with_the_same_result() {
+    let engine = common::Engine::new("flaky").failing_every(3);
+    let requests = engine.requests.clone();
+    let flaky = Offload::builder()
+        .backend(engine.shared())
+        .pin("flaky")
+        .build()
+        .unwrap();
+    let cpu = Offload::discover().await.unwrap();
+
+    let a = flaky.cipher(CipherAlg::Aes256Xts, &key(64)).await.unwrap();
+    let b = cpu.cipher(CipherAlg::Aes256Xts, &key(64)).await.unwrap();
+    let g = flaky.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
+    let h = cpu.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
+    let mut c = flaky.crc(CrcAlg::Crc64Nvme).await.unwrap();
+    let mut d = cpu.crc(CrcAlg::Crc64Nvme).await.unwrap();
+    assert_eq!(a.backend(), "flaky");
+    for i in 0..30u128 {
+        let pt: Vec<u8> = (0..(16 + i as usize * 37))
+            .map(|j| (j as u128 ^ i) as u8)
+            .collect();
+        let x = a.encrypt(&i.to_le_bytes(), pt.clone()).await.unwrap();
+        let y = b.encrypt(&i.to_le_bytes(), pt.clone()).await.unwrap();
+        assert_eq!(x, y, "request {i}");
+        assert_eq!(a.decrypt(&i.to_le_bytes(), x).await.unwrap(), pt);
+        let nonce = [i as u8; 12];
+        let s1 = g.seal(&nonce, b"h", pt.clone()).await.unwrap();
+        assert_eq!(s1, h.seal(&nonce, b"h", pt.clone()).await.unwrap());
+        assert_eq!(g.open(&nonce, b"h", s1).await.unwrap(), pt);
+        c.update(pt.clone()).await.unwrap();
+        d.update(pt).await.unwrap();
+        assert_eq!(c.finalize(), d.finalize());
+    }
+    assert!(requests.load(std::sync::atomic::Ordering::Relaxed) >= 150);
+}
+
+#[tokio::test]
+async fn a_failed_open_on_a_backend_releases_nothing_either() {
+    // The engine path: the dyn backend's authentication failure also comes
+    // back as the opaque error with a zeroed buffer.
+    let offload = Offload::builder()
+        .backend(common::Engine::new("e").shared())
+        .pin("e")
+        .build()
+        .unwrap();
+    let g = offload.aead(AeadAlg::Aes192Gcm, &key(24)).await.unwrap();
+    let mut sealed = g.seal(&[9; 12], b"", vec![0x55; 40]).await.unwrap();
+    sealed[3] ^= 1;
+    let (e, buf) = g
+        .open(&[9; 12], b"", sealed)
+        .await
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(e, Error::Authentication));
+    assert_eq!(buf, vec![0u8; 40]);
+}
