@@ -7,13 +7,18 @@
 //! ```
 //!
 //! Names: `fallback` is what `Xxx::new` picks; `fallback-rustcrypto` and
-//! `fallback-aws-lc` force one implementation; every other name is a peer.
+//! `fallback-aws-lc` force one implementation; every other name is a peer,
+//! except `aes-crate-ecb`: plain multi-block AES on the `aes` crate over the
+//! same bytes — not XTS, but the ceiling of any XTS built on that crate.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use aes::{Aes128, Aes256};
-use cipher::{BlockModeDecrypt, BlockModeEncrypt, InnerIvInit, KeyInit, KeyIvInit, StreamCipher};
+use cipher::{
+    BlockCipherEncrypt, BlockModeDecrypt, BlockModeEncrypt, InnerIvInit, KeyInit, KeyIvInit,
+    StreamCipher,
+};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use crypto_offload_benches::{AwsLcXts, SIZES, data};
 use crypto_offload_fallback::{Cbc, CrcAlg, Ctr, Gcm, Implementation, Xts};
@@ -202,7 +207,7 @@ fn cbc(c: &mut Criterion) {
 fn xts(c: &mut Criterion) {
     for unit in [4096usize, 512] {
         let mut g = group(c, &format!("xts-256-encrypt-{unit}B-units"));
-        let sizes: Vec<usize> = SIZES.iter().copied().collect();
+        let sizes = SIZES;
         // Below one unit, the request is one shorter unit.
         let unit_of = |size: usize| size.min(unit);
         let k = Xts::new(&KEY).unwrap();
@@ -217,6 +222,13 @@ fn xts(c: &mut Criterion) {
         each_size!(g, "xts-mode", &sizes, |buf| {
             let u = unit_of(buf.len());
             x.encrypt_area(&mut buf, u, 7, xts_mode::get_tweak_default)
+        });
+        // Not XTS: the aes crate's own multi-block ECB over the same bytes,
+        // the ceiling for any XTS written on it.
+        let ecb = Aes256::new_from_slice(&KEY[..32]).unwrap();
+        each_size!(g, "aes-crate-ecb", &sizes, |buf| {
+            let (blocks, _) = buf.as_chunks_mut::<16>();
+            ecb.encrypt_blocks(cipher::array::Array::cast_slice_from_core_mut(blocks))
         });
         let mut a = AwsLcXts::new(&KEY);
         each_size!(g, "aws-lc", &sizes, |buf| {

@@ -86,38 +86,86 @@ fn human(size: u64) -> String {
     }
 }
 
+/// Rows that are measured for context but are not peers (they do not
+/// compute the same function): the `aes` crate's plain ECB, the ceiling of
+/// an XTS built on it.
+pub const NOT_PEERS: &[&str] = &["aes-crate-ecb"];
+
 /// The Markdown table: per group and size, the fallback's GB/s, the best
 /// peer (name and GB/s), the ratio, and the ratio to each other peer.
 pub fn table(rows: &[Row], ours: &str) -> String {
     let mut by: BTreeMap<(&str, u64), Vec<&Row>> = BTreeMap::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| !r.group.starts_with("session-")) {
         by.entry((&r.group, r.size)).or_default().push(r);
     }
     let mut out = String::from(
-        "| algorithm | size | ours GB/s | fastest peer | peer GB/s | ours / fastest | other peers (ours / peer) |\n|---|---|---|---|---|---|---|\n",
+        "| algorithm | size | ours GB/s | fastest peer | peer GB/s | ours / fastest | pure RustCrypto / fastest | other peers (ours / peer) |\n|---|---|---|---|---|---|---|---|\n",
     );
     for ((group, size), rs) in by {
         let Some(me) = rs.iter().find(|r| r.function == ours) else {
             continue;
         };
+        let not_peer = |r: &Row| NOT_PEERS.contains(&r.function.as_str());
         let mut peers: Vec<&&Row> = rs
             .iter()
-            .filter(|r| !r.function.starts_with(ours))
+            .filter(|r| !r.function.starts_with(ours) && !not_peer(r))
             .collect();
         peers.sort_by(|a, b| b.gbps().total_cmp(&a.gbps()));
         let Some(best) = peers.first() else { continue };
         let others: Vec<String> = peers[1..]
             .iter()
+            .copied()
+            .chain(rs.iter().filter(|r| not_peer(r)))
             .map(|p| format!("{} {:.2}", p.function, me.gbps() / p.gbps()))
             .collect();
+        // The build without the aws-lc feature runs the forced-RustCrypto
+        // code; XTS and CRC have no second implementation.
+        let pure = rs
+            .iter()
+            .find(|r| r.function == format!("{ours}-rustcrypto"))
+            .unwrap_or(me);
         out.push_str(&format!(
-            "| {group} | {} | {:.2} | {} | {:.2} | **{:.2}** | {} |\n",
+            "| {group} | {} | {:.2} | {} | {:.2} | **{:.2}** | {:.2} | {} |\n",
             human(size),
             me.gbps(),
             best.function,
             best.gbps(),
             me.gbps() / best.gbps(),
+            pure.gbps() / best.gbps(),
             others.join(", ")
+        ));
+    }
+    out
+}
+
+/// The session-overhead table: per `session-*` group and size, the direct
+/// fallback call and the session request, in ns, their difference, and the
+/// session's throughput relative to the direct call.
+pub fn session_table(rows: &[Row]) -> String {
+    /// Direct and session ns per (group, size).
+    type Pair = (Option<f64>, Option<f64>);
+    let mut by: BTreeMap<(&str, u64), Pair> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.group.starts_with("session-")) {
+        let e = by.entry((&r.group, r.size)).or_default();
+        match r.function.as_str() {
+            "direct" => e.0 = Some(r.ns),
+            "session" => e.1 = Some(r.ns),
+            _ => {}
+        }
+    }
+    let mut out = String::from(
+        "| request | size | direct ns | session ns | overhead ns | session / direct throughput |\n|---|---|---|---|---|---|\n",
+    );
+    for ((group, size), (d, s)) in by {
+        let (Some(d), Some(s)) = (d, s) else { continue };
+        out.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} | {:+.1} | **{:.3}** |\n",
+            group.trim_start_matches("session-"),
+            human(size),
+            d,
+            s,
+            s - d,
+            d / s
         ));
     }
     out

@@ -1,5 +1,5 @@
-//! Prints the fallback-vs-fastest-peer table from the last
-//! `cargo bench -p crypto-offload-benches --bench fallback` run.
+//! Prints the fallback-vs-fastest-peer table and the session-overhead table
+//! from the last `cargo bench -p crypto-offload-benches` run.
 //!
 //! Usage: `cargo run -p crypto-offload-benches --release --bin ratio-table [CRITERION_DIR]`
 
@@ -20,9 +20,15 @@ fn main() -> std::io::Result<()> {
         );
         std::process::exit(1);
     }
+    println!("Fallback against the fastest CPU peer (median of criterion's samples):\n");
     print!(
         "{}",
         crypto_offload_benches::report::table(&rows, "fallback")
     );
+    let sessions = crypto_offload_benches::report::session_table(&rows);
+    if sessions.lines().count() > 2 {
+        println!("\nSession API against the direct fallback call:\n");
+        print!("{sessions}");
+    }
     Ok(())
 }

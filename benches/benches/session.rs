@@ -1,0 +1,136 @@
+//! The session API against direct calls to the fallback: what an `Offload`
+//! session costs per request on the inline CPU path.
+//!
+//! ```text
+//! cargo bench -p crypto-offload-benches --bench session
+//! cargo run -p crypto-offload-benches --release --bin ratio-table
+//! ```
+//!
+//! Measured the way a server uses a session: requests `.await`ed back to back
+//! inside one task (the loop runs inside one future, polled once with a no-op
+//! waker, since the CPU path never waits), against the same loop calling the
+//! fallback directly — on the very same buffer, so that both see the same
+//! alignment and cache state.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use crypto_offload::{AeadAlg, CipherAlg, CrcAlg, Offload};
+use crypto_offload_benches::data;
+use crypto_offload_fallback as fb;
+use futures::FutureExt;
+
+const SIZES: [usize; 4] = [16, 1024, 4096, 65536];
+
+fn group<'a>(
+    c: &'a mut Criterion,
+    name: &str,
+) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_millis(1500))
+        .sample_size(30);
+    g
+}
+
+fn key(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(1))
+        .collect()
+}
+
+fn block<F: std::future::Future>(f: F) -> F::Output {
+    f.now_or_never().expect("the CPU path never waits")
+}
+
+/// Benches `direct` (on `&mut Vec<u8>`) and `session` (moving the `Vec` in
+/// and out) over one shared buffer per size.
+macro_rules! pair {
+    ($g:expr, |$d:ident| $direct:expr, |$s:ident| $session:expr) => {
+        for size in SIZES {
+            $g.throughput(Throughput::Bytes(size as u64));
+            let mut slot = Some(data(size));
+            $g.bench_with_input(BenchmarkId::new("direct", size), &size, |b, _| {
+                b.iter_custom(|iters| {
+                    let mut buf = slot.take().unwrap();
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let $d = black_box(&mut buf);
+                        black_box($direct);
+                    }
+                    let elapsed = start.elapsed();
+                    slot = Some(buf);
+                    elapsed
+                })
+            });
+            $g.bench_with_input(BenchmarkId::new("session", size), &size, |b, _| {
+                b.iter_custom(|iters| {
+                    let buf = slot.take().unwrap();
+                    let start = Instant::now();
+                    let buf = block(async {
+                        let mut buf = buf;
+                        for _ in 0..iters {
+                            let $s = black_box(buf);
+                            buf = $session;
+                        }
+                        buf
+                    });
+                    let elapsed = start.elapsed();
+                    slot = Some(buf);
+                    elapsed
+                })
+            });
+        }
+    };
+}
+
+fn session(c: &mut Criterion) {
+    let offload = block(Offload::discover()).unwrap();
+
+    let mut g = group(c, "session-ctr-128");
+    let direct = fb::Ctr::new(&key(16)).unwrap();
+    let s = block(offload.cipher(CipherAlg::Aes128Ctr, &key(16))).unwrap();
+    pair!(
+        g,
+        |buf| direct.apply_keystream(&[1; 16], buf).unwrap(),
+        |buf| s.encrypt(&[1; 16], buf).await.unwrap()
+    );
+    g.finish();
+
+    let mut g = group(c, "session-xts-256");
+    let direct = fb::Xts::new(&key(64)).unwrap();
+    let s = block(offload.cipher(CipherAlg::Aes256Xts, &key(64))).unwrap();
+    pair!(g, |buf| direct.encrypt(&[1; 16], buf).unwrap(), |buf| s
+        .encrypt(&[1; 16], buf)
+        .await
+        .unwrap());
+    g.finish();
+
+    let mut g = group(c, "session-gcm-128-seal");
+    let direct = fb::Gcm::new(&key(16)).unwrap();
+    let s = block(offload.aead(AeadAlg::Aes128Gcm, &key(16))).unwrap();
+    pair!(
+        g,
+        |buf| direct.seal_in_place_detached(&[2; 12], b"", buf).unwrap(),
+        |buf| {
+            let (buf, tag) = s.seal_detached(&[2; 12], b"", buf).await.unwrap();
+            black_box(tag);
+            buf
+        }
+    );
+    g.finish();
+
+    let mut g = group(c, "session-crc32c");
+    let mut direct = fb::Crc::new(fb::CrcAlg::Crc32Iscsi);
+    let mut s = block(offload.crc(CrcAlg::Crc32Iscsi)).unwrap();
+    pair!(g, |buf| direct.update(buf), |buf| s
+        .update(buf)
+        .await
+        .unwrap());
+    black_box(direct.finalize());
+    g.finish();
+}
+
+criterion_group!(benches, session);
+criterion_main!(benches);
