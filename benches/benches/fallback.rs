@@ -37,11 +37,7 @@ fn group<'a>(
     c: &'a mut Criterion,
     name: &str,
 ) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
-    let mut g = c.benchmark_group(name);
-    g.warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_millis(900))
-        .sample_size(20);
-    g
+    crypto_offload_benches::group(c, name, Duration::from_millis(900), 20)
 }
 
 /// Runs `f` over a buffer of each size, in place, as the throughput bench

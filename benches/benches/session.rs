@@ -27,11 +27,7 @@ fn group<'a>(
     c: &'a mut Criterion,
     name: &str,
 ) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
-    let mut g = c.benchmark_group(name);
-    g.warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_millis(1500))
-        .sample_size(30);
-    g
+    crypto_offload_benches::group(c, name, Duration::from_millis(1500), 30)
 }
 
 fn key(len: usize) -> Vec<u8> {

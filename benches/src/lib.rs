@@ -18,3 +18,18 @@ pub const SIZES: [usize; 6] = [16, 64, 1024, 4096, 65536, 1 << 20];
 pub fn data(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 + 7) as u8).collect()
 }
+
+/// A criterion group with this crate's timing: short warm-up, `measure`
+/// per benchmark, `samples` samples (the suite has ~350 benchmarks).
+pub fn group<'a>(
+    c: &'a mut criterion::Criterion,
+    name: &str,
+    measure: std::time::Duration,
+    samples: usize,
+) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.warm_up_time(std::time::Duration::from_millis(300))
+        .measurement_time(measure)
+        .sample_size(samples);
+    g
+}

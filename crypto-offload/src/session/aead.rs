@@ -10,7 +10,7 @@ use crypto_offload_fallback::{GCM_MAX_LEN, Gcm};
 use tracing::Instrument;
 use zeroize::Zeroize;
 
-use super::{Engine, EngineFuture, engine_for, open_failed, replaying};
+use super::{Engine, EngineFuture, open_engine, replaying};
 use crate::alg::{AeadAlg, Algorithm};
 use crate::backend::AeadContext;
 use crate::buffer::{Buffer, IoBuf};
@@ -74,22 +74,11 @@ impl AeadSession {
             return Err(bad_key());
         }
         let cpu = offload.inner().cpu.aead(alg, key)?;
-        let engine = match engine_for(&offload, alg.into())? {
-            None => None,
-            Some(backend) => {
-                let secret = SecretKey::new(key).ok_or_else(bad_key)?;
-                let span = tracing::debug_span!("open_aead", backend = backend.name(), alg = %alg);
-                let ctx = backend
-                    .open_aead(alg, &secret)
-                    .instrument(span)
-                    .await
-                    .map_err(|e| open_failed(backend, e))?;
-                Some(Engine {
-                    name: backend.name().into(),
-                    ctx,
-                })
-            }
-        };
+        let secret = SecretKey::new(key).ok_or_else(bad_key)?;
+        let engine = open_engine(&offload, alg.into(), |b| async move {
+            b.open_aead(alg, &secret).await
+        })
+        .await?;
         Ok(AeadSession {
             alg,
             cpu,

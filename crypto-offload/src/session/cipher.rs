@@ -8,7 +8,7 @@ use core::task::{Context, Poll};
 
 use tracing::Instrument;
 
-use super::{Engine, EngineFuture, engine_for, open_failed, replaying};
+use super::{Engine, EngineFuture, open_engine, replaying};
 use crate::alg::{Algorithm, CipherAlg, CipherMode};
 use crate::backend::{CipherContext, CipherParams};
 use crate::buffer::{Buffer, IoBuf};
@@ -68,27 +68,15 @@ impl CipherSession {
             });
         }
         let cpu = offload.inner().cpu.cipher(alg, key)?;
-        let engine = match engine_for(&offload, alg.into())? {
-            None => None,
-            Some(backend) => {
-                let secret = SecretKey::new(key).ok_or(Error::KeyLength {
-                    alg: alg.into(),
-                    len: key.len(),
-                    expected: alg.key_len(),
-                })?;
-                let span =
-                    tracing::debug_span!("open_cipher", backend = backend.name(), alg = %alg);
-                let ctx = backend
-                    .open_cipher(alg, &secret)
-                    .instrument(span)
-                    .await
-                    .map_err(|e| open_failed(backend, e))?;
-                Some(Engine {
-                    name: backend.name().into(),
-                    ctx,
-                })
-            }
-        };
+        let secret = SecretKey::new(key).ok_or(Error::KeyLength {
+            alg: alg.into(),
+            len: key.len(),
+            expected: alg.key_len(),
+        })?;
+        let engine = open_engine(&offload, alg.into(), |b| async move {
+            b.open_cipher(alg, &secret).await
+        })
+        .await?;
         Ok(CipherSession {
             alg,
             data_unit: None,

@@ -9,10 +9,11 @@ use core::task::{Context, Poll};
 use crypto_offload_fallback::{Crc, combine};
 use tracing::Instrument;
 
-use super::{Engine, EngineFuture, engine_for, open_failed, replaying};
+use super::{Engine, EngineFuture, open_engine, replaying};
 use crate::alg::CrcAlg;
 use crate::backend::CrcContext;
 use crate::buffer::{Buffer, IoBuf};
+use crate::cpu::map_error;
 use crate::error::{Error, RequestError};
 use crate::offload::Offload;
 use crate::route::{Route, route};
@@ -55,21 +56,12 @@ impl fmt::Debug for CrcSession {
 
 impl CrcSession {
     pub(crate) async fn start(offload: Offload, alg: CrcAlg) -> Result<Self, Error> {
-        let engine = match engine_for(&offload, alg.into())? {
-            None => None,
-            Some(backend) => {
-                let span = tracing::debug_span!("open_crc", backend = backend.name(), alg = %alg);
-                let ctx = backend
-                    .open_crc(alg)
-                    .instrument(span)
-                    .await
-                    .map_err(|e| open_failed(backend, e))?;
-                Some(Engine {
-                    name: backend.name().into(),
-                    ctx,
-                })
-            }
-        };
+        let engine = open_engine(
+            &offload,
+            alg.into(),
+            |b| async move { b.open_crc(alg).await },
+        )
+        .await?;
         Ok(CrcSession {
             alg,
             state: Crc::new(alg),
@@ -137,12 +129,9 @@ impl CrcSession {
     /// # Errors
     /// [`Error::ChecksumMismatch`] with both values.
     pub fn verify(&self, expected: u64) -> Result<(), Error> {
-        let computed = self.finalize();
-        if computed == expected {
-            Ok(())
-        } else {
-            Err(Error::ChecksumMismatch { expected, computed })
-        }
+        self.state
+            .verify(expected)
+            .map_err(|e| map_error(self.alg.into(), e))
     }
 }
 

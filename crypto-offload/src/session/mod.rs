@@ -10,6 +10,8 @@ mod crc;
 
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 pub use aead::{AeadSession, Open, Seal, SealDetached, Tag};
 pub use cipher::{CipherRequest, CipherSession};
 pub use crc::{CrcSession, CrcUpdate};
@@ -32,11 +34,33 @@ pub(crate) struct Engine<C: ?Sized> {
     pub(crate) ctx: Box<C>,
 }
 
-/// The backend a new session of `alg` opens a context on, if not the CPU.
-pub(crate) fn engine_for(
+/// Opens a new session's context on its pinned backend, if it has one:
+/// `open` is the backend's `open_cipher`/`open_aead`/`open_crc` call.
+pub(crate) async fn open_engine<C, Fut>(
     offload: &Offload,
     alg: Algorithm,
-) -> Result<Option<&SharedBackend>, Error> {
+    open: impl FnOnce(SharedBackend) -> Fut,
+) -> Result<Option<Engine<C>>, Error>
+where
+    C: ?Sized,
+    Fut: core::future::Future<Output = Result<Box<C>, BackendError>>,
+{
+    let Some(backend) = engine_for(offload, alg)? else {
+        return Ok(None);
+    };
+    let span = tracing::debug_span!("open", backend = backend.name(), alg = %alg);
+    let ctx = open(backend.clone())
+        .instrument(span)
+        .await
+        .map_err(|e| open_failed(backend, e))?;
+    Ok(Some(Engine {
+        name: backend.name().into(),
+        ctx,
+    }))
+}
+
+/// The backend a new session of `alg` opens a context on, if not the CPU.
+fn engine_for(offload: &Offload, alg: Algorithm) -> Result<Option<&SharedBackend>, Error> {
     let inner = offload.inner();
     let Some(i) = inner.pinned else {
         return Ok(None);
@@ -51,7 +75,7 @@ pub(crate) fn engine_for(
     Ok(Some(backend))
 }
 
-pub(crate) fn open_failed(backend: &SharedBackend, source: BackendError) -> Error {
+fn open_failed(backend: &SharedBackend, source: BackendError) -> Error {
     Error::Backend {
         backend: backend.name().to_owned(),
         source,
