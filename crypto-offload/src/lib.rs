@@ -8,6 +8,7 @@ mod cpu;
 mod error;
 mod key;
 mod offload;
+mod power;
 mod route;
 mod session;
 
@@ -25,6 +26,7 @@ pub use crypto_offload_fallback::Implementation;
 pub use error::{BackendError, Error, LengthRule, RequestError};
 pub use key::{MAX_KEY_LEN, SecretKey};
 pub use offload::{BackendInfo, Offload, OffloadBuilder};
+pub use power::{PowerControl, PowerDomain, PowerRef, PowerStats};
 pub use session::{
     AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
 };

@@ -1,0 +1,132 @@
+//! Power domains with tokio's paused clock: transitions happen per session,
+//! never per request, and suspends wait out the autosuspend delay.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use crypto_offload::{BackendError, PowerControl, PowerDomain};
+
+#[derive(Clone, Default)]
+struct Switch {
+    on: Arc<AtomicU64>,
+    off: Arc<AtomicU64>,
+    fail_on: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait]
+impl PowerControl for Switch {
+    async fn power_on(&self) -> Result<(), BackendError> {
+        tokio::time::sleep(Duration::from_micros(300)).await; // resume latency
+        if self.fail_on.load(Ordering::Relaxed) {
+            return Err(BackendError::DeviceGone);
+        }
+        self.on.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    async fn power_off(&self) -> Result<(), BackendError> {
+        self.off.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+const DELAY: Duration = Duration::from_millis(100);
+
+#[tokio::test(start_paused = true)]
+async fn one_session_with_many_requests_is_one_resume_and_one_suspend() {
+    let sw = Switch::default();
+    let domain = PowerDomain::new("dev", sw.clone(), DELAY);
+    assert!(!domain.is_powered());
+    let session = domain.acquire().await.unwrap();
+    for _ in 0..5000 {
+        let in_flight = session.clone(); // what a request holds
+        tokio::time::sleep(Duration::from_micros(10)).await;
+        drop(in_flight);
+    }
+    assert_eq!(domain.stats().resumes, 1);
+    drop(session);
+    // Still powered within the delay...
+    tokio::time::sleep(DELAY / 2).await;
+    assert!(domain.is_powered());
+    // ...and suspended after it.
+    tokio::time::sleep(DELAY).await;
+    let s = domain.stats();
+    assert_eq!((s.resumes, s.suspends, s.powered, s.references), (1, 1, false, 0));
+    // (the paused clock advances timers in whole milliseconds)
+    assert!(s.last_resume >= Duration::from_micros(300), "{:?}", s.last_resume);
+    assert_eq!((sw.on.load(Ordering::Relaxed), sw.off.load(Ordering::Relaxed)), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn short_sessions_within_the_delay_share_one_resume() {
+    let sw = Switch::default();
+    let domain = PowerDomain::new("dev", sw.clone(), DELAY);
+    for _ in 0..200 {
+        let s = domain.acquire().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(s);
+        tokio::time::sleep(DELAY / 4).await; // a gap shorter than the delay
+    }
+    assert_eq!(domain.stats().resumes, 1);
+    assert_eq!(domain.stats().suspends, 0);
+    tokio::time::sleep(DELAY * 2).await;
+    assert_eq!(domain.stats().suspends, 1);
+    // A gap longer than the delay costs a new resume.
+    drop(domain.acquire().await.unwrap());
+    assert_eq!(domain.stats().resumes, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_in_flight_request_keeps_the_device_powered_after_the_session_drops() {
+    let sw = Switch::default();
+    let domain = PowerDomain::new("dev", sw.clone(), DELAY);
+    let session = domain.acquire().await.unwrap();
+    let request = session.clone();
+    let completion = tokio::spawn(async move {
+        tokio::time::sleep(DELAY * 3).await; // the device is still working
+        drop(request);
+    });
+    drop(session);
+    tokio::time::sleep(DELAY * 2).await;
+    assert!(domain.is_powered(), "the request still holds a reference");
+    assert_eq!(domain.stats().references, 1);
+    completion.await.unwrap();
+    tokio::time::sleep(DELAY + Duration::from_millis(1)).await;
+    assert!(!domain.is_powered());
+    assert_eq!(domain.stats().suspends, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_first_users_resume_once() {
+    let sw = Switch::default();
+    let domain = PowerDomain::new("dev", sw.clone(), DELAY);
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let d = domain.clone();
+        tasks.push(tokio::spawn(async move { d.acquire().await.unwrap() }));
+    }
+    let mut refs = Vec::new();
+    for t in tasks {
+        refs.push(t.await.unwrap());
+    }
+    assert_eq!(domain.stats().resumes, 1);
+    assert_eq!(domain.stats().references, 32);
+    drop(refs);
+    tokio::time::sleep(DELAY * 2).await;
+    assert_eq!(domain.stats().suspends, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_resume_takes_no_reference_and_is_counted() {
+    let sw = Switch::default();
+    sw.fail_on.store(true, Ordering::Relaxed);
+    let domain = PowerDomain::new("dev", sw.clone(), DELAY);
+    assert!(matches!(domain.acquire().await, Err(BackendError::DeviceGone)));
+    let s = domain.stats();
+    assert_eq!((s.resumes, s.failures, s.references, s.powered), (0, 1, 0, false));
+    sw.fail_on.store(false, Ordering::Relaxed);
+    let r = domain.acquire().await.unwrap();
+    assert!(domain.is_powered());
+    drop(r);
+}
