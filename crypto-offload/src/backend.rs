@@ -17,6 +17,7 @@ use crate::alg::{AeadAlg, Algorithm, CipherAlg, CrcAlg};
 use crate::buffer::IoBuf;
 use crate::error::BackendError;
 use crate::key::SecretKey;
+use crate::power::PowerDomain;
 
 /// What kind of engine a backend drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,6 +91,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Whether this backend can run `alg` at all.
     fn supports(&self, alg: Algorithm) -> bool;
+
+    /// The backend's device power domain, if it manages power (its contexts
+    /// hold a [`PowerRef`](crate::PowerRef) while open, and each request in
+    /// flight a clone). The selector counts a resume when it is suspended.
+    fn power(&self) -> Option<&PowerDomain> {
+        None
+    }
 
     /// Opens a keyed cipher context (both directions).
     ///

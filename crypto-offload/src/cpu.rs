@@ -128,6 +128,104 @@ impl CpuCipher {
     }
 }
 
+impl CpuCipher {
+    /// [`run`](Self::run), split into `parts` pieces on as many threads
+    /// where the mode allows it: CTR at block boundaries (each piece's
+    /// counter advanced), XTS at data-unit boundaries (each piece's tweak
+    /// advanced), CBC decryption at block boundaries (each piece's IV is the
+    /// ciphertext block before it, saved before any piece runs). CBC
+    /// encryption is a chain and a single XTS unit has one tweak sequence:
+    /// both run whole.
+    pub(crate) fn run_split(
+        &self,
+        encrypt: bool,
+        params: &CipherParams,
+        data: &mut [u8],
+        parts: usize,
+    ) -> Result<(), fb::Error> {
+        let len = data.len();
+        let (step, split) = match self {
+            CpuCipher::Ctr(_) => (16, true),
+            CpuCipher::Xts(_) => (params.data_unit, params.data_unit < len),
+            CpuCipher::Cbc(_) => (16, !encrypt),
+        };
+        if parts <= 1 || !split || step == 0 {
+            return self.run(encrypt, params, data);
+        }
+        let steps = len / step;
+        let per = steps.div_ceil(parts) * step;
+        let mut pieces: Vec<(CipherParams, &mut [u8])> = Vec::with_capacity(parts);
+        let mut offset = 0usize;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let take = per.min(rest.len());
+            let iv = match self {
+                CpuCipher::Ctr(_) => u128::from_be_bytes(params.iv)
+                    .wrapping_add((offset / 16) as u128)
+                    .to_be_bytes(),
+                CpuCipher::Xts(_) => u128::from_le_bytes(params.iv)
+                    .wrapping_add((offset / step) as u128)
+                    .to_le_bytes(),
+                CpuCipher::Cbc(_) => match pieces.last() {
+                    None => params.iv,
+                    Some((_, prev)) => {
+                        let mut iv = [0u8; 16];
+                        iv.copy_from_slice(&prev[prev.len() - 16..]);
+                        iv
+                    }
+                },
+            };
+            let (piece, tail) = rest.split_at_mut(take);
+            pieces.push((CipherParams::new(iv, params.data_unit), piece));
+            offset += take;
+            rest = tail;
+        }
+        std::thread::scope(|scope| {
+            let mut iter = pieces.into_iter();
+            let first = iter.next();
+            let handles: Vec<_> = iter
+                .map(|(p, piece)| scope.spawn(move || self.run(encrypt, &p, piece)))
+                .collect();
+            let mut result = match first {
+                Some((p, piece)) => self.run(encrypt, &p, piece),
+                None => Ok(()),
+            };
+            for h in handles {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                if result.is_ok() {
+                    result = r;
+                }
+            }
+            result
+        })
+    }
+}
+
+/// The CRC of `data`, in `parts` pieces on as many threads, combined.
+pub(crate) fn checksum_split(alg: CrcAlg, data: &[u8], parts: usize) -> u64 {
+    if parts <= 1 {
+        return fb::checksum(alg, data);
+    }
+    let per = data.len().div_ceil(parts).max(1);
+    std::thread::scope(|scope| {
+        let mut chunks = data.chunks(per);
+        let first = chunks.next().unwrap_or(&[]);
+        let handles: Vec<_> = chunks
+            .map(|c| (c.len(), scope.spawn(move || fb::checksum(alg, c))))
+            .collect();
+        let mut crc = fb::checksum(alg, first);
+        for (len, h) in handles {
+            let piece = h
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            crc = fb::combine(alg, crc, piece, len as u64);
+        }
+        crc
+    })
+}
+
 /// Converts a fallback failure inside a backend request into a `Failed`.
 fn failed(e: fb::Error, buf: IoBuf) -> Failed {
     let error = match e {

@@ -3,13 +3,16 @@
 
 mod alg;
 mod backend;
+mod breaker;
 mod buffer;
+mod calibrate;
+mod cost;
 mod cpu;
 mod error;
 mod key;
 mod offload;
 mod power;
-mod route;
+mod select;
 mod session;
 
 #[cfg(feature = "testing")]
@@ -21,12 +24,14 @@ pub use backend::{
     SharedBackend,
 };
 pub use buffer::{Buffer, IoBuf};
+pub use cost::{Cost, Direction, Profile, ProfileEntry};
 pub use cpu::CpuBackend;
 pub use crypto_offload_fallback::Implementation;
 pub use error::{BackendError, Error, LengthRule, RequestError};
 pub use key::{MAX_KEY_LEN, SecretKey};
-pub use offload::{BackendInfo, Offload, OffloadBuilder};
+pub use offload::{BackendInfo, BackendStats, Offload, OffloadBuilder};
 pub use power::{PowerControl, PowerDomain, PowerRef, PowerStats};
+pub use select::{Candidate, Explanation, Policy};
 pub use session::{
     AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
 };

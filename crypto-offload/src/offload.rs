@@ -2,38 +2,70 @@
 
 use core::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use crypto_offload_fallback::Implementation;
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CrcAlg};
 use crate::backend::{BackendKind, SharedBackend};
+use crate::breaker::Breaker;
+use crate::cost::{Direction, Model, Profile, ProfileEntry};
 use crate::cpu::CpuBackend;
-use crate::error::Error;
+use crate::error::{BackendError, Error};
+use crate::power::PowerStats;
+use crate::select::{Explanation, Policy};
 use crate::session::{AeadSession, CipherSession, CrcSession};
 
-/// The engines this process may use, and the policy for using them.
+/// The engines this process may use, and the policy for choosing among them.
 ///
 /// A plain value, like a rustls `CryptoProvider`: build one with
 /// [`Offload::discover`] or [`Offload::builder`], and hand it (or clones of
 /// it — cloning is an `Arc` bump) to whatever opens sessions. There is no
 /// hidden global. `Offload` is `Send + Sync`.
 ///
-/// The CPU backend is always present and runs every algorithm.
+/// The CPU backend is always present and runs every algorithm. With other
+/// backends, each request goes where the cost model and the [`Policy`] say
+/// ([`explain`](Offload::explain) shows why), unless sessions are pinned.
 #[derive(Clone)]
 pub struct Offload {
     inner: Arc<Inner>,
 }
 
+/// Slot 0 is the CPU; slot `i > 0` is `backends[i - 1]`.
 pub(crate) struct Inner {
     pub(crate) cpu: CpuBackend,
     pub(crate) backends: Vec<SharedBackend>,
-    /// The backend every session is pinned to (index into `backends`);
-    /// `None` runs sessions on the CPU.
+    /// The slot every session is pinned to, if any.
     pub(crate) pinned: Option<usize>,
+    pub(crate) policy: Policy,
+    pub(crate) models: Vec<Model>,
+    pub(crate) breakers: Vec<Breaker>,
+    pub(crate) stats: Vec<Counters>,
+    /// Cores the CPU path may use at once.
+    pub(crate) cores: usize,
+    pub(crate) probe_interval: Duration,
+}
+
+/// Per-slot counters.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) requests: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) failures: AtomicU64,
+    pub(crate) replayed: AtomicU64,
+}
+
+impl Counters {
+    #[inline]
+    pub(crate) fn served(&self, len: usize) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(len as u64, Ordering::Relaxed);
+    }
 }
 
 /// One backend of an `Offload`, as [`Offload::backends`] lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct BackendInfo {
     /// The backend's name.
@@ -44,6 +76,32 @@ pub struct BackendInfo {
     pub algorithms: Vec<Algorithm>,
     /// Whether sessions are pinned to it.
     pub pinned: bool,
+    /// Why the selector is not using it now (circuit open, uncalibrated), if
+    /// it is not.
+    pub unavailable: Option<String>,
+    /// Its device's power state and transitions, if it has power management.
+    pub power: Option<PowerStats>,
+    /// What it has served.
+    pub stats: BackendStats,
+}
+
+/// What one backend has served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BackendStats {
+    /// Requests completed on it.
+    pub requests: u64,
+    /// Bytes of those requests.
+    pub bytes: u64,
+    /// Requests it failed (each completed elsewhere).
+    pub failures: u64,
+    /// Requests it completed for another backend that had failed them
+    /// (the CPU's count).
+    pub replayed: u64,
+    /// Times its circuit breaker opened.
+    pub breaker_opened: u64,
+    /// Times a probe closed it again.
+    pub breaker_closed: u64,
 }
 
 impl Offload {
@@ -52,7 +110,8 @@ impl Offload {
         OffloadBuilder::default()
     }
 
-    /// Every compiled-in backend that works on this machine, plus the CPU.
+    /// Every compiled-in backend that works on this machine, plus the CPU,
+    /// calibrated when there is more than the CPU to choose from.
     ///
     /// In this release the only compiled-in backend is the CPU; the AF_ALG
     /// and VFIO backends join behind their features. A backend that is
@@ -66,7 +125,80 @@ impl Offload {
     /// # Cancel safety
     /// Dropping the future before it completes leaves nothing behind.
     pub async fn discover() -> Result<Offload, Error> {
-        Offload::builder().build()
+        let offload = Offload::builder().build()?;
+        // With the CPU alone there is nothing to choose between.
+        if !offload.inner.backends.is_empty() {
+            offload.calibrate().await?;
+        }
+        Ok(offload)
+    }
+
+    /// Measures every backend's costs for every algorithm it runs (bounded:
+    /// see [`OffloadBuilder::calibration_budget`]), replacing the model's
+    /// entries. Engines are only chosen once calibrated (or loaded from a
+    /// [`Profile`]).
+    ///
+    /// # Errors
+    /// None today: a backend that fails during calibration stays
+    /// uncalibrated and its breaker opens.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the entries measured so far in place.
+    pub async fn calibrate(&self) -> Result<(), Error> {
+        crate::calibrate::run(self).await;
+        Ok(())
+    }
+
+    /// The measured model, as a profile to save and load later.
+    pub fn profile(&self) -> Profile {
+        let inner = &self.inner;
+        let mut entries = Vec::new();
+        for (slot, model) in inner.models.iter().enumerate() {
+            for (k, e) in model.entries.iter().enumerate() {
+                let Some(cost) = e.cost() else { continue };
+                let (alg, dir) = crate::cost::unkey(k);
+                entries.push(ProfileEntry {
+                    backend: inner.slot_name(slot).to_owned(),
+                    alg: alg.name().to_owned(),
+                    dir,
+                    cost,
+                    resume_ns: model.resume_ns.get(),
+                });
+            }
+        }
+        Profile { entries }
+    }
+
+    /// Which backend a `len`-byte request of `alg` would run on now, and
+    /// every candidate's predicted latency and CPU time.
+    pub fn explain(&self, alg: impl Into<Algorithm>, dir: Direction, len: usize) -> Explanation {
+        self.inner.explain(alg.into(), dir, len)
+    }
+
+    /// The smallest request size at which the selector would leave the CPU
+    /// for an engine with nothing in flight (under the current policy), if
+    /// any size up to 1 GiB would.
+    pub fn break_even(&self, alg: impl Into<Algorithm>, dir: Direction) -> Option<usize> {
+        let alg = alg.into();
+        let on_engine = |len| self.inner.choose(alg, dir, len).0 != 0;
+        let max = 1usize << 30;
+        if !on_engine(max) {
+            return None;
+        }
+        let (mut lo, mut hi) = (1usize, max);
+        if on_engine(lo) {
+            return Some(lo);
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if on_engine(mid) { hi = mid } else { lo = mid }
+        }
+        Some(hi)
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> Policy {
+        self.inner.policy
     }
 
     /// Opens a cipher session for `alg` keyed with `key`.
@@ -106,45 +238,85 @@ impl Offload {
         CrcSession::start(self.clone(), alg).await
     }
 
-    /// The backends, CPU first.
+    /// The backends, CPU first, with their state and what they served.
     pub fn backends(&self) -> Vec<BackendInfo> {
-        let mut out = vec![BackendInfo {
-            name: CpuBackend::NAME.to_owned(),
-            kind: BackendKind::Cpu,
-            algorithms: Algorithm::all().collect(),
-            pinned: self.inner.pinned.is_none(),
-        }];
-        for (i, b) in self.inner.backends.iter().enumerate() {
-            out.push(BackendInfo {
-                name: b.name().to_owned(),
-                kind: b.kind(),
-                algorithms: Algorithm::all().filter(|&a| b.supports(a)).collect(),
-                pinned: self.inner.pinned == Some(i),
-            });
-        }
-        out
+        let inner = &self.inner;
+        (0..=inner.backends.len())
+            .map(|slot| {
+                let (kind, algorithms, power) = if slot == 0 {
+                    (BackendKind::Cpu, Algorithm::all().collect(), None)
+                } else {
+                    let b = &inner.backends[slot - 1];
+                    (
+                        b.kind(),
+                        Algorithm::all().filter(|&a| b.supports(a)).collect(),
+                        b.power().map(|p| p.stats()),
+                    )
+                };
+                let calibrated = inner.models[slot]
+                    .entries
+                    .iter()
+                    .any(|e| e.cost().is_some());
+                let unavailable = inner.breakers[slot]
+                    .reason()
+                    .map(|r| format!("circuit open: {r}"))
+                    .or_else(|| {
+                        (slot > 0 && !calibrated && inner.pinned != Some(slot)).then(|| {
+                            "not calibrated: run Offload::calibrate or load a profile".to_owned()
+                        })
+                    });
+                let c = &inner.stats[slot];
+                BackendInfo {
+                    name: inner.slot_name(slot).to_owned(),
+                    kind,
+                    algorithms,
+                    pinned: inner.pinned == Some(slot),
+                    unavailable,
+                    power,
+                    stats: BackendStats {
+                        requests: c.requests.load(Ordering::Relaxed),
+                        bytes: c.bytes.load(Ordering::Relaxed),
+                        failures: c.failures.load(Ordering::Relaxed),
+                        replayed: c.replayed.load(Ordering::Relaxed),
+                        breaker_opened: inner.breakers[slot].opened.load(Ordering::Relaxed),
+                        breaker_closed: inner.breakers[slot].closed.load(Ordering::Relaxed),
+                    },
+                }
+            })
+            .collect()
     }
 
     pub(crate) fn inner(&self) -> &Inner {
         &self.inner
     }
+
+    pub(crate) fn shared(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+}
+
+impl Inner {
+    /// Records that `slot` failed a request (or a probe): counts it, and
+    /// opens its breaker, starting the probe task if none runs.
+    pub(crate) fn failed(self: &Arc<Self>, slot: usize, error: &BackendError) {
+        self.stats[slot].failures.fetch_add(1, Ordering::Relaxed);
+        if slot == 0 || !self.breakers[slot].trip(error.to_string()) {
+            return;
+        }
+        crate::calibrate::spawn_probe(self.clone(), slot);
+    }
 }
 
 impl fmt::Debug for Offload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = core::iter::once(CpuBackend::NAME)
-            .chain(self.inner.backends.iter().map(|b| b.name()))
+        let inner = &self.inner;
+        let names: Vec<&str> = (0..=inner.backends.len())
+            .map(|s| inner.slot_name(s))
             .collect();
         f.debug_struct("Offload")
             .field("backends", &names)
-            .field(
-                "pinned",
-                &self
-                    .inner
-                    .pinned
-                    .map(|i| self.inner.backends[i].name())
-                    .unwrap_or(CpuBackend::NAME),
-            )
+            .field("policy", &inner.policy)
+            .field("pinned", &inner.pinned.map(|s| inner.slot_name(s)))
             .finish()
     }
 }
@@ -152,23 +324,40 @@ impl fmt::Debug for Offload {
 /// Builds an [`Offload`].
 ///
 /// ```
-/// use crypto_offload::{Implementation, Offload};
+/// use crypto_offload::{Implementation, Offload, Policy};
 ///
 /// // Third-party engines join with `.backend(Arc::new(engine))`; `.pin`
 /// // sends every session to one of them.
 /// let offload = Offload::builder()
+///     .policy(Policy::Throughput)
 ///     .cpu_implementation(Implementation::RustCrypto)
-///     .pin("cpu")
 ///     .build()?;
 /// assert_eq!(offload.backends()[0].name, "cpu");
 /// assert!(Offload::builder().pin("no-such-engine").build().is_err());
 /// # Ok::<(), crypto_offload::Error>(())
 /// ```
-#[derive(Default)]
 pub struct OffloadBuilder {
     cpu: CpuBackend,
     backends: Vec<SharedBackend>,
     pin: Option<String>,
+    policy: Policy,
+    profile: Option<Profile>,
+    cores: Option<usize>,
+    probe_interval: Duration,
+}
+
+impl Default for OffloadBuilder {
+    fn default() -> Self {
+        OffloadBuilder {
+            cpu: CpuBackend::default(),
+            backends: Vec::new(),
+            pin: None,
+            policy: Policy::default(),
+            profile: None,
+            cores: None,
+            probe_interval: Duration::from_secs(1),
+        }
+    }
 }
 
 impl OffloadBuilder {
@@ -179,9 +368,36 @@ impl OffloadBuilder {
     }
 
     /// Runs every session on the backend called `name` (`"cpu"` for the
-    /// CPU). Requests that backend fails are still completed on the CPU.
+    /// CPU), bypassing the selector. Requests that backend fails are still
+    /// completed on the CPU.
     pub fn pin(mut self, name: impl Into<String>) -> Self {
         self.pin = Some(name.into());
+        self
+    }
+
+    /// The selection policy (default [`Policy::Latency`]).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Seeds the cost model from a saved profile (entries for backends or
+    /// algorithms this `Offload` lacks are ignored).
+    pub fn profile(mut self, profile: Profile) -> Self {
+        self.profile = Some(profile);
+        self
+    }
+
+    /// How many cores the CPU path may use at once (default: all).
+    pub fn cores(mut self, cores: usize) -> Self {
+        self.cores = Some(cores.max(1));
+        self
+    }
+
+    /// How often a backend behind an open circuit breaker is probed
+    /// (default 1 s; doubled while probes keep failing, up to 32×).
+    pub fn probe_interval(mut self, every: Duration) -> Self {
+        self.probe_interval = every;
         self
     }
 
@@ -198,31 +414,54 @@ impl OffloadBuilder {
     /// [`Error::UnknownBackend`] if [`pin`](Self::pin) names no backend, or
     /// if two backends share a name.
     pub fn build(self) -> Result<Offload, Error> {
-        let mut names = vec![CpuBackend::NAME];
+        let mut names: Vec<String> = vec![CpuBackend::NAME.to_owned()];
         for b in &self.backends {
-            if names.contains(&b.name()) {
+            if names.iter().any(|n| n == b.name()) {
                 return Err(Error::UnknownBackend(format!(
                     "{} (registered twice)",
                     b.name()
                 )));
             }
-            names.push(b.name());
+            names.push(b.name().to_owned());
         }
         let pinned = match self.pin.as_deref() {
-            None | Some(CpuBackend::NAME) => None,
+            None => None,
             Some(name) => Some(
-                self.backends
+                names
                     .iter()
-                    .position(|b| b.name() == name)
+                    .position(|n| n == name)
                     .ok_or_else(|| Error::UnknownBackend(name.to_owned()))?,
             ),
         };
+        let slots = names.len();
+        let cores = self
+            .cores
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let inner = Inner {
+            cpu: self.cpu,
+            backends: self.backends,
+            pinned,
+            policy: self.policy,
+            models: (0..slots).map(|_| Model::default()).collect(),
+            breakers: (0..slots).map(|_| Breaker::default()).collect(),
+            stats: (0..slots).map(|_| Counters::default()).collect(),
+            cores,
+            probe_interval: self.probe_interval,
+        };
+        if let Some(profile) = &self.profile {
+            for e in &profile.entries {
+                let (Some(slot), Some(alg)) = (
+                    names.iter().position(|n| *n == e.backend),
+                    Profile::alg(&e.alg),
+                ) else {
+                    continue;
+                };
+                inner.models[slot].entry(alg, e.dir).set(e.cost);
+                inner.models[slot].resume_ns.set(e.resume_ns);
+            }
+        }
         Ok(Offload {
-            inner: Arc::new(Inner {
-                cpu: self.cpu,
-                backends: self.backends,
-                pinned,
-            }),
+            inner: Arc::new(inner),
         })
     }
 }

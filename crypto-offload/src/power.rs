@@ -101,7 +101,11 @@ impl PowerDomain {
     /// reference resumes it). The delayed suspend runs on the tokio runtime
     /// the last reference is dropped in (or the one this was created in);
     /// with no runtime at all the device simply stays powered.
-    pub fn new(name: impl Into<String>, control: impl PowerControl, autosuspend_delay: Duration) -> Self {
+    pub fn new(
+        name: impl Into<String>,
+        control: impl PowerControl,
+        autosuspend_delay: Duration,
+    ) -> Self {
         PowerDomain {
             inner: Arc::new(Domain {
                 name: name.into(),
@@ -183,7 +187,9 @@ impl Domain {
     fn lock(&self) -> MutexGuard<'_, Counts> {
         // The counts stay consistent even if a holder panicked: every
         // critical section is a few integer updates.
-        self.counts.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.counts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn release(self: &Arc<Self>) {
@@ -197,7 +203,10 @@ impl Domain {
             c.generation += 1;
             c.generation
         };
-        let Some(runtime) = tokio::runtime::Handle::try_current().ok().or_else(|| self.runtime.clone()) else {
+        let Some(runtime) = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.runtime.clone())
+        else {
             return;
         };
         let domain = self.clone();
@@ -254,6 +263,8 @@ impl Drop for PowerRef {
 
 impl fmt::Debug for PowerRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PowerRef").field("device", &self.domain.name).finish()
+        f.debug_struct("PowerRef")
+            .field("device", &self.domain.name)
+            .finish()
     }
 }

@@ -63,7 +63,7 @@ proptest! {
                 s = s.with_data_unit(u).unwrap();
             }
             let ct = block(s.encrypt(&iv, pt.clone())).unwrap();
-            prop_assert_eq!(&ct, &want, "{} on {}", alg, s.backend());
+            prop_assert_eq!(&ct, &want, "{} on {:?}", alg, s);
             let back = block(s.decrypt(&iv, BytesMut::from(&ct[..]))).unwrap();
             prop_assert_eq!(&back[..], &pt[..]);
         }
@@ -103,7 +103,7 @@ proptest! {
                 }
                 at = c;
             }
-            prop_assert_eq!(s.finalize(), fb::checksum(alg, &data), "{} on {}", alg, s.backend());
+            prop_assert_eq!(s.finalize(), fb::checksum(alg, &data), "{} on {:?}", alg, s);
         }
     }
 }

@@ -52,10 +52,23 @@ async fn one_session_with_many_requests_is_one_resume_and_one_suspend() {
     // ...and suspended after it.
     tokio::time::sleep(DELAY).await;
     let s = domain.stats();
-    assert_eq!((s.resumes, s.suspends, s.powered, s.references), (1, 1, false, 0));
+    assert_eq!(
+        (s.resumes, s.suspends, s.powered, s.references),
+        (1, 1, false, 0)
+    );
     // (the paused clock advances timers in whole milliseconds)
-    assert!(s.last_resume >= Duration::from_micros(300), "{:?}", s.last_resume);
-    assert_eq!((sw.on.load(Ordering::Relaxed), sw.off.load(Ordering::Relaxed)), (1, 1));
+    assert!(
+        s.last_resume >= Duration::from_micros(300),
+        "{:?}",
+        s.last_resume
+    );
+    assert_eq!(
+        (
+            sw.on.load(Ordering::Relaxed),
+            sw.off.load(Ordering::Relaxed)
+        ),
+        (1, 1)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -122,9 +135,15 @@ async fn a_failed_resume_takes_no_reference_and_is_counted() {
     let sw = Switch::default();
     sw.fail_on.store(true, Ordering::Relaxed);
     let domain = PowerDomain::new("dev", sw.clone(), DELAY);
-    assert!(matches!(domain.acquire().await, Err(BackendError::DeviceGone)));
+    assert!(matches!(
+        domain.acquire().await,
+        Err(BackendError::DeviceGone)
+    ));
     let s = domain.stats();
-    assert_eq!((s.resumes, s.failures, s.references, s.powered), (0, 1, 0, false));
+    assert_eq!(
+        (s.resumes, s.failures, s.references, s.powered),
+        (0, 1, 0, false)
+    );
     sw.fail_on.store(false, Ordering::Relaxed);
     let r = domain.acquire().await.unwrap();
     assert!(domain.is_powered());

@@ -6,19 +6,21 @@ use core::mem;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 
+use std::sync::Arc;
+
 use crypto_offload_fallback::{GCM_MAX_LEN, Gcm};
 use tracing::Instrument;
 use zeroize::Zeroize;
 
-use super::{Engine, EngineFuture, open_engine, replaying};
+use super::{BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, join_failed};
 use crate::alg::{AeadAlg, Algorithm};
-use crate::backend::AeadContext;
+use crate::backend::{AeadContext, Failed};
 use crate::buffer::{Buffer, IoBuf};
+use crate::cost::Direction;
 use crate::cpu::map_error;
 use crate::error::{BackendError, Error, LengthRule, RequestError};
 use crate::key::SecretKey;
 use crate::offload::Offload;
-use crate::route::{Route, route};
 
 /// A detached AEAD tag.
 pub type Tag = [u8; 16];
@@ -49,16 +51,17 @@ pub type Tag = [u8; 16];
 /// ```
 pub struct AeadSession {
     alg: AeadAlg,
-    cpu: Gcm,
-    engine: Option<Engine<dyn AeadContext>>,
-    _offload: Offload,
+    cpu: Arc<Gcm>,
+    key: SecretKey,
+    engines: Engines<dyn AeadContext>,
+    offload: Offload,
 }
 
 impl fmt::Debug for AeadSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AeadSession")
             .field("alg", &self.alg)
-            .field("engine", &self.engine.as_ref().map(|e| &*e.name))
+            .field("engines", &self.engines.open_on(self.offload.inner()))
             .finish_non_exhaustive()
     }
 }
@@ -73,17 +76,19 @@ impl AeadSession {
         if key.len() != alg.key_len() {
             return Err(bad_key());
         }
-        let cpu = offload.inner().cpu.aead(alg, key)?;
-        let secret = SecretKey::new(key).ok_or_else(bad_key)?;
-        let engine = open_engine(&offload, alg.into(), |b| async move {
-            b.open_aead(alg, &secret).await
+        let cpu = Arc::new(offload.inner().cpu.aead(alg, key)?);
+        let key = SecretKey::new(key).ok_or_else(bad_key)?;
+        let engines = Engines::open(&offload, alg.into(), |b| {
+            let key = key.clone();
+            async move { b.open_aead(alg, &key).await }
         })
         .await?;
         Ok(AeadSession {
             alg,
             cpu,
-            engine,
-            _offload: offload,
+            key,
+            engines,
+            offload,
         })
     }
 
@@ -92,11 +97,10 @@ impl AeadSession {
         self.alg
     }
 
-    /// The backend requests go to (`"cpu"` unless one is pinned).
-    pub fn backend(&self) -> &str {
-        self.engine
-            .as_ref()
-            .map_or(crate::CpuBackend::NAME, |e| &e.name)
+    /// The backend a request of `len` bytes would go to now.
+    pub fn backend_for(&self, dir: Direction, len: usize) -> &str {
+        let inner = self.offload.inner();
+        inner.slot_name(inner.choose(self.alg.into(), dir, len).0)
     }
 
     /// Encrypts `buf` in place and appends the 16-byte tag.
@@ -228,6 +232,61 @@ impl AeadSession {
     }
 }
 
+impl AeadSession {
+    fn seal_future<'a>(
+        &'a self,
+        slot: usize,
+        nonce: [u8; 12],
+        aad: &'a [u8],
+        io: IoBuf,
+    ) -> EngineFuture<'a, (IoBuf, Tag)> {
+        let backend = &self.offload.inner().backends[slot - 1];
+        let span =
+            tracing::trace_span!("seal", backend = backend.name(), alg = %self.alg, len = io.len());
+        let cell = self.engines.cell(slot);
+        let fut: BoxedRequest<'a, (IoBuf, Tag)> = match cell.get() {
+            Some(ctx) => ctx.seal(nonce, aad, io),
+            None => Box::pin(async move {
+                match cell
+                    .get_or_try_init(|| backend.open_aead(self.alg, &self.key))
+                    .await
+                {
+                    Ok(ctx) => ctx.seal(nonce, aad, io).await,
+                    Err(e) => Err(Failed::new(e, io)),
+                }
+            }),
+        };
+        fut.instrument(span)
+    }
+
+    fn open_future<'a>(
+        &'a self,
+        slot: usize,
+        nonce: [u8; 12],
+        aad: &'a [u8],
+        io: IoBuf,
+        tag: Tag,
+    ) -> EngineFuture<'a, IoBuf> {
+        let backend = &self.offload.inner().backends[slot - 1];
+        let span =
+            tracing::trace_span!("open", backend = backend.name(), alg = %self.alg, len = io.len());
+        let cell = self.engines.cell(slot);
+        let fut: BoxedRequest<'a, IoBuf> = match cell.get() {
+            Some(ctx) => ctx.open(nonce, aad, io, tag),
+            None => Box::pin(async move {
+                match cell
+                    .get_or_try_init(|| backend.open_aead(self.alg, &self.key))
+                    .await
+                {
+                    Ok(ctx) => ctx.open(nonce, aad, io, tag).await,
+                    Err(e) => Err(Failed::new(e, io)),
+                }
+            }),
+        };
+        fut.instrument(span)
+    }
+}
+
 /// A buffer a backend failed to authenticate, zeroed again here so that a
 /// careless backend cannot release plaintext.
 fn wiped<B: Buffer>(io: IoBuf) -> B {
@@ -244,6 +303,8 @@ pub struct SealDetached<'a, B> {
     state: SealState<'a, B>,
 }
 
+type SealJob<B> = tokio::task::JoinHandle<(Result<Tag, crypto_offload_fallback::Error>, B)>;
+
 enum SealState<'a, B> {
     Start {
         nonce: &'a [u8],
@@ -252,6 +313,11 @@ enum SealState<'a, B> {
     Engine {
         nonce: [u8; 12],
         fut: EngineFuture<'a, (IoBuf, Tag)>,
+        dispatch: Dispatch<'a>,
+    },
+    Cpu {
+        job: SealJob<B>,
+        dispatch: Dispatch<'a>,
     },
     Done,
 }
@@ -266,32 +332,81 @@ impl<B: Buffer> Future for SealDetached<'_, B> {
         loop {
             match mem::replace(&mut this.state, SealState::Done) {
                 SealState::Start { nonce, mut buf } => {
-                    let nonce = match session.check(nonce, buf.bytes_mut().len()) {
+                    let len = buf.bytes_mut().len();
+                    let nonce = match session.check(nonce, len) {
                         Ok(n) => n,
                         Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
                     };
-                    let engine = match (route(session.engine.is_some()), &session.engine) {
-                        (Route::Engine, Some(engine)) => engine,
-                        _ => return Poll::Ready(session.seal_cpu(&nonce, aad, buf)),
-                    };
-                    let io = buf.into_io();
-                    let span = tracing::trace_span!("seal", backend = &*engine.name, alg = %session.alg, len = io.len());
-                    this.state = SealState::Engine {
-                        nonce,
-                        fut: engine.ctx.seal(nonce, aad, io).instrument(span),
-                    };
+                    let inner = session.offload.shared();
+                    let (slot, predicted) =
+                        inner.choose(session.alg.into(), Direction::Encrypt, len);
+                    if slot == 0 && !cpu_blocking(len) {
+                        inner.stats[0].served(len);
+                        return Poll::Ready(session.seal_cpu(&nonce, aad, buf));
+                    }
+                    let dispatch = Dispatch::new(
+                        inner,
+                        slot,
+                        session.alg.into(),
+                        Direction::Encrypt,
+                        len,
+                        predicted,
+                    );
+                    if slot == 0 {
+                        let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
+                        let job = tokio::task::spawn_blocking(move || {
+                            (
+                                cpu.seal_in_place_detached(&nonce, &aad, buf.bytes_mut()),
+                                buf,
+                            )
+                        });
+                        this.state = SealState::Cpu { job, dispatch };
+                    } else {
+                        let fut = session.seal_future(slot, nonce, aad, buf.into_io());
+                        this.state = SealState::Engine {
+                            nonce,
+                            fut,
+                            dispatch,
+                        };
+                    }
                 }
-                SealState::Engine { nonce, mut fut } => {
-                    return match Pin::new(&mut fut).poll(cx) {
+                SealState::Cpu { mut job, dispatch } => {
+                    return match Pin::new(&mut job).poll(cx) {
                         Poll::Pending => {
-                            this.state = SealState::Engine { nonce, fut };
+                            this.state = SealState::Cpu { job, dispatch };
                             Poll::Pending
                         }
-                        Poll::Ready(Ok((io, tag))) => Poll::Ready(Ok((B::from_io(io), tag))),
+                        Poll::Ready(Ok((Ok(tag), buf))) => {
+                            dispatch.completed();
+                            Poll::Ready(Ok((buf, tag)))
+                        }
+                        Poll::Ready(Ok((Err(e), buf))) => Poll::Ready(Err(RequestError::new(
+                            map_error(session.alg.into(), e),
+                            buf,
+                        ))),
+                        Poll::Ready(Err(e)) => join_failed(e),
+                    };
+                }
+                SealState::Engine {
+                    nonce,
+                    mut fut,
+                    dispatch,
+                } => {
+                    return match Pin::new(&mut fut).poll(cx) {
+                        Poll::Pending => {
+                            this.state = SealState::Engine {
+                                nonce,
+                                fut,
+                                dispatch,
+                            };
+                            Poll::Pending
+                        }
+                        Poll::Ready(Ok((io, tag))) => {
+                            dispatch.completed();
+                            Poll::Ready(Ok((B::from_io(io), tag)))
+                        }
                         Poll::Ready(Err(failed)) => {
-                            if let Some(engine) = &session.engine {
-                                replaying(&engine.name, &failed.error);
-                            }
+                            dispatch.failed(&failed.error);
                             Poll::Ready(session.seal_cpu(&nonce, aad, B::from_io(failed.buf)))
                         }
                     };
@@ -330,6 +445,8 @@ pub struct Open<'a, B> {
     state: OpenState<'a, B>,
 }
 
+type OpenJob<B> = tokio::task::JoinHandle<(Result<(), crypto_offload_fallback::Error>, B)>;
+
 enum OpenState<'a, B> {
     /// `tag`: detached, or `None` for the buffer's last 16 bytes.
     Start {
@@ -341,6 +458,11 @@ enum OpenState<'a, B> {
         nonce: [u8; 12],
         tag: Tag,
         fut: EngineFuture<'a, IoBuf>,
+        dispatch: Dispatch<'a>,
+    },
+    Cpu {
+        job: OpenJob<B>,
+        dispatch: Dispatch<'a>,
     },
     Done,
 }
@@ -400,45 +522,97 @@ impl<B: Buffer> Future for Open<'_, B> {
         loop {
             match mem::replace(&mut this.state, OpenState::Done) {
                 OpenState::Start { nonce, buf, tag } => {
-                    let (nonce, tag, buf) = match Self::start(session, nonce, buf, tag) {
+                    let (nonce, tag, mut buf) = match Self::start(session, nonce, buf, tag) {
                         Ok(v) => v,
                         Err(e) => return Poll::Ready(Err(e)),
                     };
-                    let engine = match (route(session.engine.is_some()), &session.engine) {
-                        (Route::Engine, Some(engine)) => engine,
-                        _ => return Poll::Ready(session.open_cpu(&nonce, aad, buf, &tag)),
-                    };
-                    let io = buf.into_io();
-                    let span = tracing::trace_span!("open", backend = &*engine.name, alg = %session.alg, len = io.len());
-                    this.state = OpenState::Engine {
-                        nonce,
-                        tag,
-                        fut: engine.ctx.open(nonce, aad, io, tag).instrument(span),
+                    let len = buf.bytes_mut().len();
+                    let inner = session.offload.shared();
+                    let (slot, predicted) =
+                        inner.choose(session.alg.into(), Direction::Decrypt, len);
+                    if slot == 0 && !cpu_blocking(len) {
+                        inner.stats[0].served(len);
+                        return Poll::Ready(session.open_cpu(&nonce, aad, buf, &tag));
+                    }
+                    let dispatch = Dispatch::new(
+                        inner,
+                        slot,
+                        session.alg.into(),
+                        Direction::Decrypt,
+                        len,
+                        predicted,
+                    );
+                    if slot == 0 {
+                        let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
+                        let job = tokio::task::spawn_blocking(move || {
+                            (
+                                cpu.open_in_place_detached(&nonce, &aad, buf.bytes_mut(), &tag),
+                                buf,
+                            )
+                        });
+                        this.state = OpenState::Cpu { job, dispatch };
+                    } else {
+                        let fut = session.open_future(slot, nonce, aad, buf.into_io(), tag);
+                        this.state = OpenState::Engine {
+                            nonce,
+                            tag,
+                            fut,
+                            dispatch,
+                        };
+                    }
+                }
+                OpenState::Cpu { mut job, dispatch } => {
+                    return match Pin::new(&mut job).poll(cx) {
+                        Poll::Pending => {
+                            this.state = OpenState::Cpu { job, dispatch };
+                            Poll::Pending
+                        }
+                        Poll::Ready(Ok((Ok(()), buf))) => {
+                            dispatch.completed();
+                            Poll::Ready(Ok(buf))
+                        }
+                        Poll::Ready(Ok((Err(e), buf))) => {
+                            dispatch.completed();
+                            Poll::Ready(Err(RequestError::new(
+                                map_error(session.alg.into(), e),
+                                buf,
+                            )))
+                        }
+                        Poll::Ready(Err(e)) => join_failed(e),
                     };
                 }
                 OpenState::Engine {
                     nonce,
                     tag,
                     mut fut,
+                    dispatch,
                 } => {
                     return match Pin::new(&mut fut).poll(cx) {
                         Poll::Pending => {
-                            this.state = OpenState::Engine { nonce, tag, fut };
+                            this.state = OpenState::Engine {
+                                nonce,
+                                tag,
+                                fut,
+                                dispatch,
+                            };
                             Poll::Pending
                         }
-                        Poll::Ready(Ok(io)) => Poll::Ready(Ok(B::from_io(io))),
+                        Poll::Ready(Ok(io)) => {
+                            dispatch.completed();
+                            Poll::Ready(Ok(B::from_io(io)))
+                        }
                         Poll::Ready(Err(failed))
                             if matches!(failed.error, BackendError::Authentication) =>
                         {
+                            // The data's fault, not the engine's: no breaker.
+                            dispatch.completed();
                             Poll::Ready(Err(RequestError::new(
                                 Error::Authentication,
                                 wiped(failed.buf),
                             )))
                         }
                         Poll::Ready(Err(failed)) => {
-                            if let Some(engine) = &session.engine {
-                                replaying(&engine.name, &failed.error);
-                            }
+                            dispatch.failed(&failed.error);
                             Poll::Ready(session.open_cpu(&nonce, aad, B::from_io(failed.buf), &tag))
                         }
                     };

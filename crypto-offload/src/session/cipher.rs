@@ -5,47 +5,47 @@ use core::future::Future;
 use core::mem;
 use core::pin::Pin;
 use core::task::{Context, Poll};
+use std::sync::Arc;
 
 use tracing::Instrument;
 
-use super::{Engine, EngineFuture, open_engine, replaying};
+use super::{BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, cpu_parts, join_failed};
 use crate::alg::{Algorithm, CipherAlg, CipherMode};
-use crate::backend::{CipherContext, CipherParams};
+use crate::backend::{CipherContext, CipherParams, Failed};
 use crate::buffer::{Buffer, IoBuf};
+use crate::cost::Direction;
 use crate::cpu::{CpuCipher, map_error};
 use crate::error::{Error, LengthRule, RequestError};
 use crate::key::SecretKey;
 use crate::offload::Offload;
-use crate::route::{Route, route};
 
 /// A keyed cipher session.
 ///
 /// Requests take `&self`: one session can have many requests in flight, and
 /// can be shared between tasks (`CipherSession` is `Send + Sync`). Dropping
 /// the session releases its backend contexts (and, with hardware backends,
-/// its power reference).
+/// its power references).
 ///
 /// ```
-/// # tokio_test_block_on(async {
+/// # futures::executor::block_on(async {
 /// use crypto_offload::{CipherAlg, Offload};
 ///
-/// let offload = Offload::discover().await?;
-/// let key = [7u8; 64];
-/// let key: Vec<u8> = key.iter().enumerate().map(|(i, k)| k ^ i as u8).collect();
+/// let offload = Offload::builder().build()?;
+/// let key: Vec<u8> = (0..64).collect();
 /// let xts = offload.cipher(CipherAlg::Aes256Xts, &key).await?.with_data_unit(512)?;
 /// let sector_7 = 7u128.to_le_bytes();
 /// let ct = xts.encrypt(&sector_7, vec![0u8; 4096]).await?;   // sectors 7..15
 /// let pt = xts.decrypt(&sector_7, ct).await?;
 /// assert_eq!(pt, vec![0u8; 4096]);
 /// # Ok::<(), crypto_offload::Error>(()) });
-/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output { futures::executor::block_on(f) }
 /// ```
 pub struct CipherSession {
     alg: CipherAlg,
     data_unit: Option<usize>,
-    cpu: CpuCipher,
-    engine: Option<Engine<dyn CipherContext>>,
-    _offload: Offload,
+    cpu: Arc<CpuCipher>,
+    key: SecretKey,
+    engines: Engines<dyn CipherContext>,
+    offload: Offload,
 }
 
 impl fmt::Debug for CipherSession {
@@ -53,36 +53,35 @@ impl fmt::Debug for CipherSession {
         f.debug_struct("CipherSession")
             .field("alg", &self.alg)
             .field("data_unit", &self.data_unit)
-            .field("engine", &self.engine.as_ref().map(|e| &*e.name))
+            .field("engines", &self.engines.open_on(self.offload.inner()))
             .finish_non_exhaustive()
     }
 }
 
 impl CipherSession {
     pub(crate) async fn start(offload: Offload, alg: CipherAlg, key: &[u8]) -> Result<Self, Error> {
-        if key.len() != alg.key_len() {
-            return Err(Error::KeyLength {
-                alg: alg.into(),
-                len: key.len(),
-                expected: alg.key_len(),
-            });
-        }
-        let cpu = offload.inner().cpu.cipher(alg, key)?;
-        let secret = SecretKey::new(key).ok_or(Error::KeyLength {
+        let bad_key = || Error::KeyLength {
             alg: alg.into(),
             len: key.len(),
             expected: alg.key_len(),
-        })?;
-        let engine = open_engine(&offload, alg.into(), |b| async move {
-            b.open_cipher(alg, &secret).await
+        };
+        if key.len() != alg.key_len() {
+            return Err(bad_key());
+        }
+        let cpu = Arc::new(offload.inner().cpu.cipher(alg, key)?);
+        let key = SecretKey::new(key).ok_or_else(bad_key)?;
+        let engines = Engines::open(&offload, alg.into(), |b| {
+            let key = key.clone();
+            async move { b.open_cipher(alg, &key).await }
         })
         .await?;
         Ok(CipherSession {
             alg,
             data_unit: None,
             cpu,
-            engine,
-            _offload: offload,
+            key,
+            engines,
+            offload,
         })
     }
 
@@ -91,11 +90,10 @@ impl CipherSession {
         self.alg
     }
 
-    /// The backend requests go to (`"cpu"` unless one is pinned).
-    pub fn backend(&self) -> &str {
-        self.engine
-            .as_ref()
-            .map_or(crate::CpuBackend::NAME, |e| &e.name)
+    /// The backend a request of `len` bytes would go to now.
+    pub fn backend_for(&self, dir: Direction, len: usize) -> &str {
+        let inner = self.offload.inner();
+        inner.slot_name(inner.choose(self.alg.into(), dir, len).0)
     }
 
     /// XTS: treats each request as consecutive data units of `len` bytes
@@ -134,8 +132,9 @@ impl CipherSession {
     ///
     /// # Cancel safety
     /// Dropping the future is safe at any point: on the CPU the work is done
-    /// within one poll; a hardware backend keeps the buffer until the engine
-    /// is done with it. The buffer is then lost to the caller.
+    /// within one poll (or on the blocking pool, which finishes it); an
+    /// engine keeps the buffer until it is done with it. The buffer is then
+    /// lost to the caller.
     #[inline]
     pub fn encrypt<'a, B: Buffer>(&'a self, iv: &'a [u8], buf: B) -> CipherRequest<'a, B> {
         CipherRequest::new(self, true, iv, buf)
@@ -189,19 +188,55 @@ impl CipherSession {
             Err(e) => Err(RequestError::new(map_error(self.alg.into(), e), buf)),
         }
     }
+
+    /// The engine future for `slot`: the request on its context, opening the
+    /// context first if this is the session's first request there.
+    fn engine_future<'a>(
+        &'a self,
+        slot: usize,
+        encrypt: bool,
+        params: CipherParams,
+        io: IoBuf,
+    ) -> EngineFuture<'a, IoBuf> {
+        let inner = self.offload.inner();
+        let backend = &inner.backends[slot - 1];
+        let span = tracing::trace_span!("cipher", backend = backend.name(), alg = %self.alg, len = io.len(), encrypt);
+        let cell = self.engines.cell(slot);
+        let fut: BoxedRequest<'a, IoBuf> = match cell.get() {
+            Some(ctx) if encrypt => ctx.encrypt(params, io),
+            Some(ctx) => ctx.decrypt(params, io),
+            None => Box::pin(async move {
+                let ctx = match cell
+                    .get_or_try_init(|| backend.open_cipher(self.alg, &self.key))
+                    .await
+                {
+                    Ok(ctx) => ctx,
+                    Err(e) => return Err(Failed::new(e, io)),
+                };
+                if encrypt {
+                    ctx.encrypt(params, io).await
+                } else {
+                    ctx.decrypt(params, io).await
+                }
+            }),
+        };
+        fut.instrument(span)
+    }
 }
 
 /// The future of a [`CipherSession::encrypt`] or
 /// [`decrypt`](CipherSession::decrypt) request.
 ///
-/// A named, small future (not an `async fn`'s state machine): on the CPU
-/// path it does the work in its first poll and moves only the buffer.
+/// A named, small future (not an `async fn`'s state machine): on the inline
+/// CPU path it does the work in its first poll and moves only the buffer.
 #[must_use = "futures do nothing unless awaited"]
 pub struct CipherRequest<'a, B> {
     session: &'a CipherSession,
     encrypt: bool,
     state: State<'a, B>,
 }
+
+type CpuJob<B> = tokio::task::JoinHandle<(Result<(), crypto_offload_fallback::Error>, B)>;
 
 enum State<'a, B> {
     Start {
@@ -211,6 +246,11 @@ enum State<'a, B> {
     Engine {
         params: CipherParams,
         fut: EngineFuture<'a, IoBuf>,
+        dispatch: Dispatch<'a>,
+    },
+    Cpu {
+        job: CpuJob<B>,
+        dispatch: Dispatch<'a>,
     },
     Done,
 }
@@ -241,51 +281,83 @@ impl<B: Buffer> Future for CipherRequest<'_, B> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let session = this.session;
+        let encrypt = this.encrypt;
+        let dir = if encrypt {
+            Direction::Encrypt
+        } else {
+            Direction::Decrypt
+        };
         loop {
             match mem::replace(&mut this.state, State::Done) {
                 State::Start { iv, mut buf } => {
-                    let params = match session.params(iv, buf.bytes_mut().len()) {
+                    let len = buf.bytes_mut().len();
+                    let params = match session.params(iv, len) {
                         Ok(p) => p,
                         Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
                     };
-                    let engine = match (route(session.engine.is_some()), &session.engine) {
-                        (Route::Engine, Some(engine)) => engine,
-                        _ => return Poll::Ready(session.run_cpu(this.encrypt, &params, buf)),
-                    };
-                    let io = buf.into_io();
-                    let span = tracing::trace_span!(
-                        "cipher",
-                        backend = &*engine.name,
-                        alg = %session.alg,
-                        len = io.len(),
-                        encrypt = this.encrypt
-                    );
-                    let fut = if this.encrypt {
-                        engine.ctx.encrypt(params, io)
+                    let inner = session.offload.shared();
+                    let (slot, predicted) = inner.choose(session.alg.into(), dir, len);
+                    if slot == 0 && !cpu_blocking(len) {
+                        inner.stats[0].served(len);
+                        return Poll::Ready(session.run_cpu(encrypt, &params, buf));
+                    }
+                    let dispatch =
+                        Dispatch::new(inner, slot, session.alg.into(), dir, len, predicted);
+                    if slot == 0 {
+                        let cpu = session.cpu.clone();
+                        let parts = cpu_parts(inner, len);
+                        let job = tokio::task::spawn_blocking(move || {
+                            let r = cpu.run_split(encrypt, &params, buf.bytes_mut(), parts);
+                            (r, buf)
+                        });
+                        this.state = State::Cpu { job, dispatch };
                     } else {
-                        engine.ctx.decrypt(params, io)
-                    };
-                    this.state = State::Engine {
-                        params,
-                        fut: fut.instrument(span),
-                    };
+                        let fut = session.engine_future(slot, encrypt, params, buf.into_io());
+                        this.state = State::Engine {
+                            params,
+                            fut,
+                            dispatch,
+                        };
+                    }
                 }
-                State::Engine { params, mut fut } => {
-                    return match Pin::new(&mut fut).poll(cx) {
+                State::Cpu { mut job, dispatch } => {
+                    return match Pin::new(&mut job).poll(cx) {
                         Poll::Pending => {
-                            this.state = State::Engine { params, fut };
+                            this.state = State::Cpu { job, dispatch };
                             Poll::Pending
                         }
-                        Poll::Ready(Ok(io)) => Poll::Ready(Ok(B::from_io(io))),
+                        Poll::Ready(Ok((Ok(()), buf))) => {
+                            dispatch.completed();
+                            Poll::Ready(Ok(buf))
+                        }
+                        Poll::Ready(Ok((Err(e), buf))) => Poll::Ready(Err(RequestError::new(
+                            map_error(session.alg.into(), e),
+                            buf,
+                        ))),
+                        Poll::Ready(Err(e)) => join_failed(e),
+                    };
+                }
+                State::Engine {
+                    params,
+                    mut fut,
+                    dispatch,
+                } => {
+                    return match Pin::new(&mut fut).poll(cx) {
+                        Poll::Pending => {
+                            this.state = State::Engine {
+                                params,
+                                fut,
+                                dispatch,
+                            };
+                            Poll::Pending
+                        }
+                        Poll::Ready(Ok(io)) => {
+                            dispatch.completed();
+                            Poll::Ready(Ok(B::from_io(io)))
+                        }
                         Poll::Ready(Err(failed)) => {
-                            if let Some(engine) = &session.engine {
-                                replaying(&engine.name, &failed.error);
-                            }
-                            Poll::Ready(session.run_cpu(
-                                this.encrypt,
-                                &params,
-                                B::from_io(failed.buf),
-                            ))
+                            dispatch.failed(&failed.error);
+                            Poll::Ready(session.run_cpu(encrypt, &params, B::from_io(failed.buf)))
                         }
                     };
                 }

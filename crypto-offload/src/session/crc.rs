@@ -9,14 +9,14 @@ use core::task::{Context, Poll};
 use crypto_offload_fallback::{Crc, combine};
 use tracing::Instrument;
 
-use super::{Engine, EngineFuture, open_engine, replaying};
+use super::{BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, cpu_parts, join_failed};
 use crate::alg::CrcAlg;
-use crate::backend::CrcContext;
+use crate::backend::{CrcContext, Failed};
 use crate::buffer::{Buffer, IoBuf};
-use crate::cpu::map_error;
+use crate::cost::Direction;
+use crate::cpu::{checksum_split, map_error};
 use crate::error::{Error, RequestError};
 use crate::offload::Offload;
-use crate::route::{Route, route};
 
 /// A streaming CRC.
 ///
@@ -28,7 +28,7 @@ use crate::route::{Route, route};
 /// # futures::executor::block_on(async {
 /// use crypto_offload::{CrcAlg, Offload};
 ///
-/// let offload = Offload::discover().await?;
+/// let offload = Offload::builder().build()?;
 /// let mut crc = offload.crc(CrcAlg::Crc32Iscsi).await?;
 /// let buf = crc.update(b"1234".to_vec()).await?;   // the buffer comes back
 /// crc.update_from_slice(b"56789");
@@ -40,8 +40,8 @@ use crate::route::{Route, route};
 pub struct CrcSession {
     alg: CrcAlg,
     state: Crc,
-    engine: Option<Engine<dyn CrcContext>>,
-    _offload: Offload,
+    engines: Engines<dyn CrcContext>,
+    offload: Offload,
 }
 
 impl fmt::Debug for CrcSession {
@@ -49,14 +49,14 @@ impl fmt::Debug for CrcSession {
         f.debug_struct("CrcSession")
             .field("alg", &self.alg)
             .field("len", &self.state.len())
-            .field("engine", &self.engine.as_ref().map(|e| &*e.name))
+            .field("engines", &self.engines.open_on(self.offload.inner()))
             .finish_non_exhaustive()
     }
 }
 
 impl CrcSession {
     pub(crate) async fn start(offload: Offload, alg: CrcAlg) -> Result<Self, Error> {
-        let engine = open_engine(
+        let engines = Engines::open(
             &offload,
             alg.into(),
             |b| async move { b.open_crc(alg).await },
@@ -65,8 +65,8 @@ impl CrcSession {
         Ok(CrcSession {
             alg,
             state: Crc::new(alg),
-            engine,
-            _offload: offload,
+            engines,
+            offload,
         })
     }
 
@@ -75,11 +75,10 @@ impl CrcSession {
         self.alg
     }
 
-    /// The backend updates go to (`"cpu"` unless one is pinned).
-    pub fn backend(&self) -> &str {
-        self.engine
-            .as_ref()
-            .map_or(crate::CpuBackend::NAME, |e| &e.name)
+    /// The backend an update of `len` bytes would go to now.
+    pub fn backend_for(&self, len: usize) -> &str {
+        let inner = self.offload.inner();
+        inner.slot_name(inner.choose(self.alg.into(), Direction::Encrypt, len).0)
     }
 
     /// Feeds `buf` and hands it back.
@@ -141,19 +140,37 @@ pub struct CrcUpdate<'a, B> {
     state: UpdateState<'a, B>,
 }
 
+type CrcJob<B> = tokio::task::JoinHandle<(u64, B)>;
+
+/// Where the running CRC lives while a piece is computed elsewhere.
+struct Pending<'a> {
+    alg: CrcAlg,
+    crc: &'a mut Crc,
+    len: u64,
+    dispatch: Dispatch<'a>,
+}
+
+impl Pending<'_> {
+    /// Folds the CRC of the piece into the running value.
+    fn fold(self, piece: u64) {
+        let value = combine(self.alg, self.crc.finalize(), piece, self.len);
+        *self.crc = Crc::resume(self.alg, value, self.crc.len() + self.len);
+        self.dispatch.completed();
+    }
+}
+
 enum UpdateState<'a, B> {
     Start {
         session: &'a mut CrcSession,
         buf: B,
     },
     Engine {
-        /// The session's fields the completion needs; the context itself is
-        /// borrowed by `fut`.
-        alg: CrcAlg,
-        state: &'a mut Crc,
-        name: &'a str,
-        len: u64,
         fut: EngineFuture<'a, (IoBuf, u64)>,
+        pending: Pending<'a>,
+    },
+    Cpu {
+        job: CrcJob<B>,
+        pending: Pending<'a>,
     },
     Done,
 }
@@ -174,54 +191,88 @@ impl<B: Buffer> Future for CrcUpdate<'_, B> {
             match mem::replace(&mut this.state, UpdateState::Done) {
                 UpdateState::Start { session, mut buf } => {
                     let CrcSession {
-                        alg, state, engine, ..
-                    } = session;
-                    let engine = match (route(engine.is_some()), engine.as_ref()) {
-                        (Route::Engine, Some(engine)) => engine,
-                        _ => {
-                            state.update(buf.bytes_mut());
-                            return Poll::Ready(Ok(buf));
-                        }
-                    };
-                    let io = buf.into_io();
-                    let len = io.len() as u64;
-                    let span =
-                        tracing::trace_span!("crc", backend = &*engine.name, alg = %alg, len);
-                    this.state = UpdateState::Engine {
-                        alg: *alg,
+                        alg,
                         state,
-                        name: &engine.name,
-                        len,
-                        fut: engine.ctx.checksum(io).instrument(span),
+                        engines,
+                        offload,
+                    } = session;
+                    let alg = *alg;
+                    let len = buf.bytes_mut().len();
+                    let inner = offload.shared();
+                    let (slot, predicted) = inner.choose(alg.into(), Direction::Encrypt, len);
+                    if slot == 0 && !cpu_blocking(len) {
+                        inner.stats[0].served(len);
+                        state.update(buf.bytes_mut());
+                        return Poll::Ready(Ok(buf));
+                    }
+                    let pending = Pending {
+                        alg,
+                        crc: state,
+                        len: len as u64,
+                        dispatch: Dispatch::new(
+                            inner,
+                            slot,
+                            alg.into(),
+                            Direction::Encrypt,
+                            len,
+                            predicted,
+                        ),
+                    };
+                    if slot == 0 {
+                        let parts = cpu_parts(inner, len);
+                        let job = tokio::task::spawn_blocking(move || {
+                            (checksum_split(alg, buf.bytes_mut(), parts), buf)
+                        });
+                        this.state = UpdateState::Cpu { job, pending };
+                    } else {
+                        let backend = &inner.backends[slot - 1];
+                        let span =
+                            tracing::trace_span!("crc", backend = backend.name(), alg = %alg, len);
+                        let cell = engines.cell(slot);
+                        let io = buf.into_io();
+                        let fut: BoxedRequest<'_, (IoBuf, u64)> = match cell.get() {
+                            Some(ctx) => ctx.checksum(io),
+                            None => Box::pin(async move {
+                                match cell.get_or_try_init(|| backend.open_crc(alg)).await {
+                                    Ok(ctx) => ctx.checksum(io).await,
+                                    Err(e) => Err(Failed::new(e, io)),
+                                }
+                            }),
+                        };
+                        this.state = UpdateState::Engine {
+                            fut: fut.instrument(span),
+                            pending,
+                        };
+                    }
+                }
+                UpdateState::Cpu { mut job, pending } => {
+                    return match Pin::new(&mut job).poll(cx) {
+                        Poll::Pending => {
+                            this.state = UpdateState::Cpu { job, pending };
+                            Poll::Pending
+                        }
+                        Poll::Ready(Ok((piece, buf))) => {
+                            pending.fold(piece);
+                            Poll::Ready(Ok(buf))
+                        }
+                        Poll::Ready(Err(e)) => join_failed(e),
                     };
                 }
-                UpdateState::Engine {
-                    alg,
-                    state,
-                    name,
-                    len,
-                    mut fut,
-                } => {
+                UpdateState::Engine { mut fut, pending } => {
                     return match Pin::new(&mut fut).poll(cx) {
                         Poll::Pending => {
-                            this.state = UpdateState::Engine {
-                                alg,
-                                state,
-                                name,
-                                len,
-                                fut,
-                            };
+                            this.state = UpdateState::Engine { fut, pending };
                             Poll::Pending
                         }
                         Poll::Ready(Ok((io, piece))) => {
-                            let value = combine(alg, state.finalize(), piece, len);
-                            *state = Crc::resume(alg, value, state.len() + len);
+                            pending.fold(piece);
                             Poll::Ready(Ok(B::from_io(io)))
                         }
                         Poll::Ready(Err(failed)) => {
-                            replaying(name, &failed.error);
+                            let Pending { crc, dispatch, .. } = pending;
+                            dispatch.failed(&failed.error);
                             let mut buf = B::from_io(failed.buf);
-                            state.update(buf.bytes_mut());
+                            crc.update(buf.bytes_mut());
                             Poll::Ready(Ok(buf))
                         }
                     };

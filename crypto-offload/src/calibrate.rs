@@ -1,0 +1,405 @@
+//! Calibration (seeding the cost model by measurement) and the circuit
+//! breaker's probe.
+//!
+//! Calibration is bounded: each backend gets [`BUDGET`] of wall time for all
+//! the (algorithm, direction) pairs it runs. For each pair it times
+//! requests of two sizes (64 bytes and 64 KiB; up to 16 MiB for an engine
+//! whose per-byte cost hides under its fixed cost), fits `fixed + per_byte ×
+//! len` through the fastest repetition of each, measures the process CPU
+//! time per request, and — for engines — times 8 concurrent requests against
+//! one to estimate how many the engine serves at once.
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::Poll;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use cpu_time::ProcessTime;
+use crypto_offload_fallback as fb;
+use tokio::time::Instant;
+
+use crate::alg::Algorithm;
+use crate::backend::{CipherParams, SharedBackend};
+use crate::buffer::IoBuf;
+use crate::cost::{Cost, Direction};
+use crate::error::BackendError;
+use crate::key::SecretKey;
+use crate::offload::{Inner, Offload};
+
+/// Wall time calibration may spend on one backend (all its algorithms).
+pub const BUDGET: Duration = Duration::from_millis(200);
+
+const SMALL: usize = 64;
+const LARGE: usize = 64 * 1024;
+const LARGEST: usize = 16 << 20;
+
+/// A key every algorithm accepts (distinct XTS halves).
+fn test_key(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(97).wrapping_add(13))
+        .collect()
+}
+
+fn pairs(supports: impl Fn(Algorithm) -> bool) -> Vec<(Algorithm, Direction)> {
+    let mut out = Vec::new();
+    for alg in Algorithm::all().filter(|&a| supports(a)) {
+        out.push((alg, Direction::Encrypt));
+        if !matches!(alg, Algorithm::Crc(_)) {
+            out.push((alg, Direction::Decrypt));
+        }
+    }
+    out
+}
+
+pub(crate) async fn run(offload: &Offload) {
+    let inner = offload.inner();
+    calibrate_cpu(inner);
+    for slot in 1..=inner.backends.len() {
+        let backend = inner.backends[slot - 1].clone();
+        if let Err(e) = calibrate_engine(inner, slot, &backend).await {
+            tracing::warn!(backend = backend.name(), error = %e, "calibration failed");
+            offload.shared().failed(slot, &e);
+        }
+    }
+}
+
+/// Times `f` over `len`-byte requests: the fastest of the repetitions that
+/// fit in `budget` (at least 3), in ns per request.
+fn time_inline(len: usize, budget: Duration, mut f: impl FnMut(&mut [u8])) -> f64 {
+    let mut buf = vec![0x5au8; len];
+    f(&mut buf); // warm up
+    let start = std::time::Instant::now();
+    let mut best = f64::MAX;
+    let mut reps = 0;
+    // Batches of requests amortise the clock reads for small sizes.
+    let batch = (LARGE / len.max(1)).clamp(1, 64);
+    while reps < 3 || start.elapsed() < budget {
+        let t = std::time::Instant::now();
+        for _ in 0..batch {
+            f(&mut buf);
+        }
+        best = best.min(t.elapsed().as_nanos() as f64 / batch as f64);
+        reps += 1;
+        if reps > 10_000 {
+            break;
+        }
+    }
+    best
+}
+
+fn calibrate_cpu(inner: &Inner) {
+    let all = pairs(|_| true);
+    let per = BUDGET / (2 * all.len() as u32);
+    for (alg, dir) in all {
+        let enc = dir == Direction::Encrypt;
+        let (small, large) = match alg {
+            Algorithm::Cipher(c) => {
+                let Ok(k) = inner.cpu.cipher(c, &test_key(c.key_len())) else {
+                    continue;
+                };
+                let run = |len| {
+                    let p = CipherParams::new([7; 16], len);
+                    time_inline(len, per, |d| {
+                        let _ = k.run(enc, &p, d);
+                    })
+                };
+                (run(SMALL), run(LARGE))
+            }
+            Algorithm::Aead(a) => {
+                let Ok(k) = inner.cpu.aead(a, &test_key(a.key_len())) else {
+                    continue;
+                };
+                let seal = |len| {
+                    time_inline(len, per, |d| {
+                        let _ = k.seal_in_place_detached(&[1; 12], b"", d);
+                    })
+                };
+                let (s, l) = (seal(SMALL), seal(LARGE));
+                if enc {
+                    (s, l)
+                } else {
+                    // Open needs a valid tag: time seal + open, less the seal.
+                    let both = |len| {
+                        time_inline(len, per, |d| {
+                            if let Ok(tag) = k.seal_in_place_detached(&[1; 12], b"", d) {
+                                let _ = k.open_in_place_detached(&[1; 12], b"", d, &tag);
+                            }
+                        })
+                    };
+                    ((both(SMALL) - s).max(1.0), (both(LARGE) - l).max(1.0))
+                }
+            }
+            Algorithm::Crc(c) => {
+                let run = |len| {
+                    time_inline(len, per, |d| {
+                        std::hint::black_box(fb::checksum(c, d));
+                    })
+                };
+                (run(SMALL), run(LARGE))
+            }
+        };
+        let (fixed, per_byte) = Cost::fit((SMALL, small), (LARGE, large));
+        // On the CPU, latency is CPU time; it serves one request per core.
+        let cores = u32::try_from(inner.cores).unwrap_or(u32::MAX);
+        inner.models[0]
+            .entry(alg, dir)
+            .set(Cost::new(fixed, per_byte, fixed, per_byte, cores));
+    }
+}
+
+/// A keyed context on an engine, for one algorithm.
+enum Ctx {
+    Cipher(Box<dyn crate::backend::CipherContext>),
+    Aead(Box<dyn crate::backend::AeadContext>),
+    Crc(Box<dyn crate::backend::CrcContext>),
+}
+
+async fn open(backend: &SharedBackend, alg: Algorithm) -> Result<Ctx, BackendError> {
+    Ok(match alg {
+        Algorithm::Cipher(c) => {
+            let key = SecretKey::new(&test_key(c.key_len()))
+                .ok_or(BackendError::Unsupported("key".into()))?;
+            Ctx::Cipher(backend.open_cipher(c, &key).await?)
+        }
+        Algorithm::Aead(a) => {
+            let key = SecretKey::new(&test_key(a.key_len()))
+                .ok_or(BackendError::Unsupported("key".into()))?;
+            Ctx::Aead(backend.open_aead(a, &key).await?)
+        }
+        Algorithm::Crc(c) => Ctx::Crc(backend.open_crc(c).await?),
+    })
+}
+
+/// One request on an engine context; the buffer comes back (or the error).
+async fn request(ctx: &Ctx, dir: Direction, len: usize) -> Result<(), BackendError> {
+    let buf = IoBuf::from(vec![0x3cu8; len]);
+    // One XTS data unit of the whole buffer; CBC/CTR ignore the unit.
+    let params = CipherParams::new([9; 16], len);
+    let r = match (ctx, dir) {
+        (Ctx::Cipher(c), Direction::Encrypt) => c.encrypt(params, buf).await.map(drop),
+        (Ctx::Cipher(c), Direction::Decrypt) => c.decrypt(params, buf).await.map(drop),
+        (Ctx::Aead(a), Direction::Encrypt) => a.seal([2; 12], b"", buf).await.map(drop),
+        (Ctx::Aead(a), Direction::Decrypt) => {
+            // A valid message to open: seal first (not timed by the caller's
+            // clock, which the caller restarts; see `time_engine`).
+            let (sealed, tag) = a.seal([2; 12], b"", buf).await.map_err(|f| f.error)?;
+            a.open([2; 12], b"", sealed, tag).await.map(drop)
+        }
+        (Ctx::Crc(c), _) => c.checksum(buf).await.map(drop),
+    };
+    r.map_err(|f| f.error)
+}
+
+/// Wall and process-CPU ns of one engine request (the fastest of `reps`).
+async fn time_engine(
+    ctx: &Ctx,
+    dir: Direction,
+    len: usize,
+    reps: usize,
+) -> Result<(f64, f64), BackendError> {
+    let mut best = (f64::MAX, f64::MAX);
+    for _ in 0..reps.max(1) {
+        let (wall, cpu) = (Instant::now(), ProcessTime::now());
+        request(ctx, dir, len).await?;
+        let w = wall.elapsed().as_nanos() as f64;
+        let c = cpu.elapsed().as_nanos() as f64;
+        if w < best.0 {
+            best = (w, c);
+        }
+    }
+    if matches!((ctx, dir), (Ctx::Aead(_), Direction::Decrypt)) {
+        // That timed seal + open; take the seal off.
+        let (seal, seal_cpu) = Box::pin(time_engine(ctx, Direction::Encrypt, len, reps)).await?;
+        best = ((best.0 - seal).max(1.0), (best.1 - seal_cpu).max(0.0));
+    }
+    Ok(best)
+}
+
+/// Polls every future to completion, concurrently, on the current task.
+async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut futs: Vec<Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => *o = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+async fn calibrate_engine(
+    inner: &Inner,
+    slot: usize,
+    backend: &SharedBackend,
+) -> Result<(), BackendError> {
+    let all = pairs(|a| backend.supports(a));
+    if all.is_empty() {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let per = BUDGET / all.len() as u32;
+    let mut contexts: Vec<(Algorithm, Ctx)> = Vec::new();
+    for (alg, dir) in all {
+        let entry_start = Instant::now();
+        let ctx = match contexts.iter().position(|(a, _)| *a == alg) {
+            Some(i) => &contexts[i].1,
+            None => {
+                contexts.push((alg, open(backend, alg).await?));
+                &contexts[contexts.len() - 1].1
+            }
+        };
+        // The first request may pay a resume; time it out of the way.
+        request(ctx, dir, SMALL).await?;
+        let one = time_engine(ctx, dir, SMALL, 1).await?.0;
+        let reps = ((per.as_nanos() as f64 / 4.0 / one.max(1.0)) as usize).clamp(1, 8);
+        let small = time_engine(ctx, dir, SMALL, reps).await?;
+        let mut len = LARGE;
+        let mut large = time_engine(ctx, dir, len, reps).await?;
+        while large.0 - small.0 < 0.25 * small.0 && len < LARGEST && entry_start.elapsed() < per {
+            len *= 16;
+            large = time_engine(ctx, dir, len, 1).await?;
+        }
+        let (fixed, per_byte) = Cost::fit((SMALL, small.0), (len, large.0));
+        let (cpu_fixed, cpu_per_byte) = Cost::fit((SMALL, small.1), (len, large.1));
+        // Concurrency: 8 requests at once against one.
+        let parallelism = if entry_start.elapsed() < per || started.elapsed() < BUDGET {
+            let t = Instant::now();
+            let results = join_all((0..8).map(|_| request(ctx, dir, len)).collect()).await;
+            for r in results {
+                r?;
+            }
+            let eight = t.elapsed().as_nanos() as f64;
+            ((8.0 * large.0 / eight.max(1.0)).round() as u32).clamp(1, 8)
+        } else {
+            1
+        };
+        inner.models[slot].entry(alg, dir).set(Cost::new(
+            fixed,
+            per_byte,
+            cpu_fixed,
+            cpu_per_byte,
+            parallelism,
+        ));
+    }
+    if let Some(power) = backend.power() {
+        inner.models[slot]
+            .resume_ns
+            .set(power.stats().last_resume.as_nanos() as f64);
+    }
+    Ok(())
+}
+
+/// Probes `slot` until it works again, then closes its breaker. Stops when
+/// the `Offload` is dropped.
+pub(crate) fn spawn_probe(inner: Arc<Inner>, slot: usize) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        inner.breakers[slot].stop_probing();
+        return;
+    };
+    let weak: Weak<Inner> = Arc::downgrade(&inner);
+    let first = inner.probe_interval;
+    drop(inner);
+    runtime.spawn(async move {
+        let mut wait = first;
+        loop {
+            tokio::time::sleep(wait).await;
+            let Some(inner) = weak.upgrade() else { return };
+            let backend = inner.backends[slot - 1].clone();
+            match probe(&backend).await {
+                Ok(()) => {
+                    tracing::info!(
+                        backend = backend.name(),
+                        "probe succeeded; closing the circuit"
+                    );
+                    inner.breakers[slot].close();
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(backend = backend.name(), error = %e, "probe failed");
+                    wait = (wait * 2).min(first * 32);
+                }
+            }
+        }
+    });
+}
+
+/// A small known-answer request on the first algorithm the backend runs,
+/// checked against the CPU.
+async fn probe(backend: &SharedBackend) -> Result<(), BackendError> {
+    let Some(alg) = Algorithm::all().find(|&a| backend.supports(a)) else {
+        return Ok(());
+    };
+    let wrong = || BackendError::Other("probe: wrong result".into());
+    let data: Vec<u8> = (0..64u8).collect();
+    match open(backend, alg).await? {
+        Ctx::Cipher(c) => {
+            let Algorithm::Cipher(a) = alg else {
+                return Err(wrong());
+            };
+            let params = CipherParams::new([5; 16], data.len());
+            let got = c
+                .encrypt(params, IoBuf::from(data.clone()))
+                .await
+                .map_err(|f| f.error)?;
+            let cpu = crate::cpu::CpuBackend::new()
+                .cipher(a, &test_key(a.key_len()))
+                .map_err(|e| BackendError::Other(Box::new(e)))?;
+            let mut want = data;
+            cpu.run(true, &params, &mut want)
+                .map_err(|e| BackendError::Other(Box::new(e)))?;
+            if Vec::from(got) == want {
+                Ok(())
+            } else {
+                Err(wrong())
+            }
+        }
+        Ctx::Aead(g) => {
+            let Algorithm::Aead(a) = alg else {
+                return Err(wrong());
+            };
+            let (ct, tag) = g
+                .seal([5; 12], b"probe", IoBuf::from(data.clone()))
+                .await
+                .map_err(|f| f.error)?;
+            let cpu = crate::cpu::CpuBackend::new()
+                .aead(a, &test_key(a.key_len()))
+                .map_err(|e| BackendError::Other(Box::new(e)))?;
+            let mut want = data;
+            let want_tag = cpu
+                .seal_in_place_detached(&[5; 12], b"probe", &mut want)
+                .map_err(|e| BackendError::Other(Box::new(e)))?;
+            if Vec::from(ct) == want && tag == want_tag {
+                Ok(())
+            } else {
+                Err(wrong())
+            }
+        }
+        Ctx::Crc(c) => {
+            let Algorithm::Crc(a) = alg else {
+                return Err(wrong());
+            };
+            let (_, crc) = c
+                .checksum(IoBuf::from(data.clone()))
+                .await
+                .map_err(|f| f.error)?;
+            if crc == fb::checksum(a, &data) {
+                Ok(())
+            } else {
+                Err(wrong())
+            }
+        }
+    }
+}

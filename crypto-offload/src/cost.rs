@@ -1,0 +1,285 @@
+//! The cost model: what a request of a given size costs on each backend.
+//!
+//! Per (backend, algorithm, direction) the model keeps the latency of a
+//! request as `fixed + per_byte × len`, the CPU time it takes from the
+//! submitting thread as `cpu_fixed + cpu_per_byte × len`, and how many
+//! requests the engine works on at once (its parallelism) and can hold
+//! (queue depth). Per backend it keeps the resume latency and the requests
+//! in flight. It is seeded by [`Offload::calibrate`](crate::Offload::calibrate)
+//! (a bounded measurement) or a saved [`Profile`], and corrected online: each
+//! completion's observed latency moves a correction factor (an exponentially
+//! weighted moving average), so a backend that slows down or speeds up is
+//! followed within a few dozen requests.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::alg::{AeadAlg, Algorithm, CipherAlg, CrcAlg};
+
+/// Which way a request goes. CRC requests count as `Encrypt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Encrypt, seal, or checksum.
+    Encrypt,
+    /// Decrypt or open.
+    Decrypt,
+}
+
+/// The measured costs of one (backend, algorithm, direction).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Cost {
+    /// Latency of a request, independent of its size, in ns.
+    pub fixed_ns: f64,
+    /// Latency per byte, in ns.
+    pub per_byte_ns: f64,
+    /// CPU time the submitting thread spends per request, in ns.
+    pub cpu_fixed_ns: f64,
+    /// CPU time the submitting thread spends per byte, in ns.
+    pub cpu_per_byte_ns: f64,
+    /// Requests the engine serves at once (its queues or cores).
+    pub parallelism: u32,
+}
+
+impl Cost {
+    /// A cost (all in nanoseconds).
+    pub fn new(
+        fixed_ns: f64,
+        per_byte_ns: f64,
+        cpu_fixed_ns: f64,
+        cpu_per_byte_ns: f64,
+        parallelism: u32,
+    ) -> Self {
+        Cost {
+            fixed_ns,
+            per_byte_ns,
+            cpu_fixed_ns,
+            cpu_per_byte_ns,
+            parallelism: parallelism.max(1),
+        }
+    }
+
+    /// The service latency of a `len`-byte request, in ns.
+    pub fn latency_ns(&self, len: usize) -> f64 {
+        self.fixed_ns + self.per_byte_ns * len as f64
+    }
+
+    /// The submitting CPU's time for a `len`-byte request, in ns.
+    pub fn cpu_ns(&self, len: usize) -> f64 {
+        self.cpu_fixed_ns + self.cpu_per_byte_ns * len as f64
+    }
+
+    /// Throughput of one stream of `len`-byte requests, bytes per second.
+    pub fn throughput(&self, len: usize) -> f64 {
+        len as f64 * 1e9 / self.latency_ns(len).max(1e-3)
+    }
+
+    /// The line through two measured points: `(len, ns)` pairs.
+    pub(crate) fn fit(small: (usize, f64), large: (usize, f64)) -> (f64, f64) {
+        let dx = (large.0 as f64 - small.0 as f64).max(1.0);
+        let per_byte = ((large.1 - small.1) / dx).max(0.0);
+        let fixed = (small.1 - per_byte * small.0 as f64).max(0.0);
+        (fixed, per_byte)
+    }
+}
+
+/// The number of (algorithm, direction) slots in a backend's table.
+pub(crate) const KEYS: usize = 2 * (CipherAlg::ALL.len() + AeadAlg::ALL.len() + CrcAlg::ALL.len());
+
+/// The table index of (algorithm, direction).
+pub(crate) fn key(alg: Algorithm, dir: Direction) -> usize {
+    let a = match alg {
+        Algorithm::Cipher(c) => CipherAlg::ALL.iter().position(|&x| x == c).unwrap_or(0),
+        Algorithm::Aead(a) => {
+            CipherAlg::ALL.len() + AeadAlg::ALL.iter().position(|&x| x == a).unwrap_or(0)
+        }
+        Algorithm::Crc(c) => {
+            CipherAlg::ALL.len()
+                + AeadAlg::ALL.len()
+                + CrcAlg::ALL.iter().position(|&x| x == c).unwrap_or(0)
+        }
+    };
+    2 * a + usize::from(dir == Direction::Decrypt)
+}
+
+/// (algorithm, direction) of a table index.
+pub(crate) fn unkey(k: usize) -> (Algorithm, Direction) {
+    let dir = if k.is_multiple_of(2) {
+        Direction::Encrypt
+    } else {
+        Direction::Decrypt
+    };
+    let a = k / 2;
+    let c = CipherAlg::ALL.len();
+    let e = AeadAlg::ALL.len();
+    let alg = if a < c {
+        Algorithm::Cipher(CipherAlg::ALL[a])
+    } else if a < c + e {
+        Algorithm::Aead(AeadAlg::ALL[a - c])
+    } else {
+        Algorithm::Crc(CrcAlg::ALL[(a - c - e).min(CrcAlg::ALL.len() - 1)])
+    };
+    (alg, dir)
+}
+
+/// An `f64` that can be read and written from any thread.
+#[derive(Debug, Default)]
+pub(crate) struct AtomicF64(AtomicU64);
+
+impl AtomicF64 {
+    pub(crate) fn new(v: f64) -> Self {
+        AtomicF64(AtomicU64::new(v.to_bits()))
+    }
+    pub(crate) fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+    pub(crate) fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// One model entry: the calibrated cost and its online correction.
+#[derive(Debug, Default)]
+pub(crate) struct Entry {
+    calibrated: AtomicBool,
+    fixed: AtomicF64,
+    per_byte: AtomicF64,
+    cpu_fixed: AtomicF64,
+    cpu_per_byte: AtomicF64,
+    parallelism: AtomicU64,
+    /// Observed latency over predicted, smoothed; multiplies the latency.
+    correction: AtomicF64,
+    samples: AtomicU64,
+}
+
+/// How fast the correction follows observations (weight of a new sample).
+pub const EWMA_WEIGHT: f64 = 0.1;
+
+impl Entry {
+    pub(crate) fn cost(&self) -> Option<Cost> {
+        if !self.calibrated.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(Cost {
+            fixed_ns: self.fixed.get(),
+            per_byte_ns: self.per_byte.get(),
+            cpu_fixed_ns: self.cpu_fixed.get(),
+            cpu_per_byte_ns: self.cpu_per_byte.get(),
+            parallelism: u32::try_from(self.parallelism.load(Ordering::Relaxed))
+                .unwrap_or(1)
+                .max(1),
+        })
+    }
+
+    pub(crate) fn set(&self, c: Cost) {
+        self.fixed.set(c.fixed_ns);
+        self.per_byte.set(c.per_byte_ns);
+        self.cpu_fixed.set(c.cpu_fixed_ns);
+        self.cpu_per_byte.set(c.cpu_per_byte_ns);
+        self.parallelism
+            .store(u64::from(c.parallelism.max(1)), Ordering::Relaxed);
+        self.correction.set(1.0);
+        self.calibrated.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn correction(&self) -> f64 {
+        let c = self.correction.get();
+        if c > 0.0 { c } else { 1.0 }
+    }
+
+    /// Folds in one completion: it took `observed_ns`; the model, before
+    /// correction, predicted `predicted_ns`.
+    pub(crate) fn observe(&self, predicted_ns: f64, observed_ns: f64) {
+        if predicted_ns <= 0.0 || !self.calibrated.load(Ordering::Acquire) {
+            return;
+        }
+        let ratio = (observed_ns / predicted_ns).clamp(0.05, 50.0);
+        let c = self.correction();
+        self.correction.set(c + EWMA_WEIGHT * (ratio - c));
+        self.samples.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A backend's model: one entry per (algorithm, direction), the requests in
+/// flight, and the resume latency.
+#[derive(Debug)]
+pub(crate) struct Model {
+    pub(crate) entries: Box<[Entry]>,
+    pub(crate) in_flight: AtomicUsize,
+    pub(crate) resume_ns: AtomicF64,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            entries: (0..KEYS).map(|_| Entry::default()).collect(),
+            in_flight: AtomicUsize::new(0),
+            resume_ns: AtomicF64::new(0.0),
+        }
+    }
+}
+
+impl Model {
+    pub(crate) fn entry(&self, alg: Algorithm, dir: Direction) -> &Entry {
+        &self.entries[key(alg, dir)]
+    }
+}
+
+/// A saved cost model: what `offload calibrate --out` writes and
+/// [`OffloadBuilder::profile`](crate::OffloadBuilder::profile) loads (TOML).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Profile {
+    /// The measured entries.
+    #[serde(default, rename = "entry")]
+    pub entries: Vec<ProfileEntry>,
+}
+
+/// One measured (backend, algorithm, direction).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ProfileEntry {
+    /// The backend's name.
+    pub backend: String,
+    /// The algorithm's name (`"aes-256-xts"`, `"CRC-32/ISCSI"`, …).
+    pub alg: String,
+    /// The direction.
+    pub dir: Direction,
+    /// The costs.
+    #[serde(flatten)]
+    pub cost: Cost,
+    /// The backend's resume latency, in ns (0 without power management).
+    #[serde(default)]
+    pub resume_ns: f64,
+}
+
+impl Profile {
+    /// Parses a TOML profile.
+    ///
+    /// # Errors
+    /// The TOML error.
+    pub fn from_toml(text: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// Writes the profile as TOML.
+    ///
+    /// # Errors
+    /// The TOML error (not expected: every field is representable).
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string_pretty(self)
+    }
+
+    /// The algorithm a profile entry names.
+    pub(crate) fn alg(name: &str) -> Option<Algorithm> {
+        Algorithm::all().find(|a| a.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// How long a resume takes, as a `Duration`.
+pub(crate) fn ns(d: f64) -> Duration {
+    Duration::from_nanos(d.max(0.0).min(u64::MAX as f64) as u64)
+}

@@ -1,0 +1,278 @@
+//! The selector: which backend a request runs on, and why.
+//!
+//! For each request the selector predicts, for every backend that runs the
+//! algorithm and is neither uncalibrated nor behind an open circuit breaker,
+//! the completion time (service time from the cost model, times its online
+//! correction, plus waiting behind the requests in flight, plus a resume if
+//! the device is suspended) and the CPU time it takes from this machine.
+//! The [`Policy`] turns those into a choice. [`Offload::explain`] returns the
+//! whole reckoning.
+//!
+//! [`Offload::explain`]: crate::Offload::explain
+
+use core::fmt;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::alg::Algorithm;
+use crate::cost::{Direction, ns};
+use crate::offload::Inner;
+
+/// How the selector trades latency against CPU time.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
+pub enum Policy {
+    /// Least predicted completion time for this request. The CPU path runs
+    /// inline on the calling task, so it never waits behind other requests;
+    /// engines do, behind their queues.
+    #[default]
+    Latency,
+    /// Spread concurrent requests over the backends in proportion to their
+    /// capacity, so that engines and the CPU work at once: the CPU is a
+    /// server with one slot per core, and every backend's queue counts.
+    Throughput,
+    /// Least CPU time among the backends whose predicted latency is within
+    /// `max_latency` (falling back to least latency when none is): frees the
+    /// CPU for other work, as a slow engine with a high fixed cost (TI
+    /// MCRC64) is worth for large requests only.
+    CpuSaving {
+        /// The latency a request may take.
+        max_latency: Duration,
+    },
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::Latency => f.write_str("latency"),
+            Policy::Throughput => f.write_str("throughput"),
+            Policy::CpuSaving { max_latency } => write!(f, "cpu-saving (≤ {max_latency:?})"),
+        }
+    }
+}
+
+/// One backend's side of a decision.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Candidate {
+    /// The backend's name.
+    pub backend: String,
+    /// Predicted completion time, if the backend is eligible.
+    pub latency: Option<Duration>,
+    /// Predicted CPU time taken from this machine, if eligible.
+    pub cpu_time: Option<Duration>,
+    /// Requests in flight on the backend now.
+    pub in_flight: usize,
+    /// Why the backend is not eligible, if it is not.
+    pub excluded: Option<String>,
+}
+
+/// What [`Offload::explain`](crate::Offload::explain) returns: every
+/// candidate's predicted cost and the choice.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Explanation {
+    /// The algorithm.
+    pub alg: Algorithm,
+    /// The direction.
+    pub dir: Direction,
+    /// The request size in bytes.
+    pub len: usize,
+    /// The policy applied.
+    pub policy: Policy,
+    /// Every backend, CPU first.
+    pub candidates: Vec<Candidate>,
+    /// The chosen backend's name.
+    pub choice: String,
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} {:?} {} B, policy {}: {}",
+            self.alg, self.dir, self.len, self.policy, self.choice
+        )?;
+        for c in &self.candidates {
+            match (&c.excluded, c.latency, c.cpu_time) {
+                (Some(why), _, _) => writeln!(f, "  {:<24} excluded: {why}", c.backend)?,
+                (None, Some(l), Some(cpu)) => writeln!(
+                    f,
+                    "  {:<24} latency {:>12?}  cpu {:>12?}  in flight {}",
+                    c.backend, l, cpu, c.in_flight
+                )?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A predicted cost, in ns.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prediction {
+    pub(crate) slot: usize,
+    pub(crate) latency: f64,
+    pub(crate) cpu: f64,
+    /// The service time before correction (what observations are compared
+    /// against, so the correction does not feed back on itself).
+    pub(crate) base: f64,
+}
+
+impl Inner {
+    /// The prediction for one slot, or why it is not eligible.
+    pub(crate) fn predict(
+        &self,
+        slot: usize,
+        alg: Algorithm,
+        dir: Direction,
+        len: usize,
+    ) -> Result<Prediction, String> {
+        if slot > 0 {
+            let b = &self.backends[slot - 1];
+            if !b.supports(alg) {
+                return Err("does not run this algorithm".into());
+            }
+            if let Some(reason) = self.breakers[slot].reason() {
+                return Err(format!("circuit open: {reason}"));
+            }
+        }
+        let model = &self.models[slot];
+        let entry = model.entry(alg, dir);
+        let Some(cost) = entry.cost() else {
+            return Err("not calibrated".into());
+        };
+        let base = cost.latency_ns(len);
+        let service = base * entry.correction();
+        let in_flight = model.in_flight.load(Ordering::Relaxed) as f64;
+        let cpu_inline = slot == 0 && self.policy != Policy::Throughput;
+        let (servers, queued) = if slot == 0 {
+            (self.cores as f64, in_flight)
+        } else {
+            (f64::from(cost.parallelism), in_flight)
+        };
+        let wait = if cpu_inline {
+            0.0
+        } else {
+            ((queued + 1.0 - servers).max(0.0) / servers) * service
+        };
+        let resume = if slot > 0
+            && self.backends[slot - 1]
+                .power()
+                .is_some_and(|p| !p.is_powered())
+        {
+            model.resume_ns.get()
+        } else {
+            0.0
+        };
+        Ok(Prediction {
+            slot,
+            latency: service + wait + resume,
+            cpu: cost.cpu_ns(len),
+            base,
+        })
+    }
+
+    /// The slot a request runs on (0 = CPU), with its prediction when the
+    /// choice was made from the model.
+    pub(crate) fn choose(
+        &self,
+        alg: Algorithm,
+        dir: Direction,
+        len: usize,
+    ) -> (usize, Option<Prediction>) {
+        if let Some(p) = self.pinned {
+            return (p, self.predict(p, alg, dir, len).ok());
+        }
+        if self.backends.is_empty() {
+            return (0, None);
+        }
+        let mut best: Option<Prediction> = None;
+        let within = match self.policy {
+            Policy::CpuSaving { max_latency } => Some(max_latency.as_nanos() as f64),
+            _ => None,
+        };
+        for slot in 0..=self.backends.len() {
+            let Ok(p) = self.predict(slot, alg, dir, len) else {
+                continue;
+            };
+            best = Some(match best {
+                None => p,
+                Some(b) => match within {
+                    None => {
+                        if p.latency < b.latency {
+                            p
+                        } else {
+                            b
+                        }
+                    }
+                    Some(bound) => {
+                        let (pi, bi) = (p.latency <= bound, b.latency <= bound);
+                        let better = match (pi, bi) {
+                            (true, false) => true,
+                            (false, true) => false,
+                            (true, true) => {
+                                p.cpu < b.cpu || (p.cpu == b.cpu && p.latency < b.latency)
+                            }
+                            (false, false) => p.latency < b.latency,
+                        };
+                        if better { p } else { b }
+                    }
+                },
+            });
+        }
+        match best {
+            Some(p) => (p.slot, Some(p)),
+            // Nothing calibrated: the CPU, which runs everything.
+            None => (0, None),
+        }
+    }
+
+    pub(crate) fn slot_name(&self, slot: usize) -> &str {
+        if slot == 0 {
+            crate::CpuBackend::NAME
+        } else {
+            self.backends[slot - 1].name()
+        }
+    }
+
+    pub(crate) fn explain(&self, alg: Algorithm, dir: Direction, len: usize) -> Explanation {
+        let (choice, _) = self.choose(alg, dir, len);
+        let candidates = (0..=self.backends.len())
+            .map(|slot| {
+                let in_flight = self.models[slot].in_flight.load(Ordering::Relaxed);
+                let backend = self.slot_name(slot).to_owned();
+                let excluded = match self.pinned {
+                    Some(p) if p != slot => {
+                        Some(format!("sessions are pinned to {}", self.slot_name(p)))
+                    }
+                    _ => None,
+                };
+                match (excluded, self.predict(slot, alg, dir, len)) {
+                    (Some(why), _) | (None, Err(why)) => Candidate {
+                        backend,
+                        latency: None,
+                        cpu_time: None,
+                        in_flight,
+                        excluded: Some(why),
+                    },
+                    (None, Ok(p)) => Candidate {
+                        backend,
+                        latency: Some(ns(p.latency)),
+                        cpu_time: Some(ns(p.cpu)),
+                        in_flight,
+                        excluded: None,
+                    },
+                }
+            })
+            .collect();
+        Explanation {
+            alg,
+            dir,
+            len,
+            policy: self.policy,
+            candidates,
+            choice: self.slot_name(choice).to_owned(),
+        }
+    }
+}
