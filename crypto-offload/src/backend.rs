@@ -10,6 +10,7 @@
 
 use core::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -96,6 +97,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// hold a [`PowerRef`](crate::PowerRef) while open, and each request in
     /// flight a clone). The selector counts a resume when it is suspended.
     fn power(&self) -> Option<&PowerDomain> {
+        None
+    }
+
+    /// The CPU time a request takes from this machine — per request and per
+    /// byte — when the backend knows it better than calibration can measure
+    /// it. Calibration otherwise measures the process's CPU time per request.
+    /// The simulated engine declares its modelled cost here: its real cost
+    /// includes computing results on the CPU, which an engine would not.
+    fn declared_cpu_cost(&self, _alg: Algorithm) -> Option<(Duration, f64)> {
         None
     }
 

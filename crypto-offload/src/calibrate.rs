@@ -273,7 +273,10 @@ async fn calibrate_engine(
             large = time_engine(ctx, dir, len, 1).await?;
         }
         let (fixed, per_byte) = Cost::fit((SMALL, small.0), (len, large.0));
-        let (cpu_fixed, cpu_per_byte) = Cost::fit((SMALL, small.1), (len, large.1));
+        let (cpu_fixed, cpu_per_byte) = match backend.declared_cpu_cost(alg) {
+            Some((fixed, per_byte)) => (fixed.as_nanos() as f64, per_byte),
+            None => Cost::fit((SMALL, small.1), (len, large.1)),
+        };
         // Concurrency: 8 requests at once against one.
         let parallelism = if entry_start.elapsed() < per || started.elapsed() < BUDGET {
             let t = Instant::now();

@@ -14,6 +14,7 @@ mod offload;
 mod power;
 mod select;
 mod session;
+mod sim;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -35,6 +36,7 @@ pub use select::{Candidate, Explanation, Policy};
 pub use session::{
     AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
 };
+pub use sim::{SimConfig, SimEngine, SimFaults, SimPower};
 
 /// CRC combination: the CRC of `A ‖ B` from `crc(A)`, `crc(B)` and `len(B)`.
 pub use crypto_offload_fallback::combine as crc_combine;

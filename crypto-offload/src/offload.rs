@@ -45,6 +45,10 @@ pub(crate) struct Inner {
     /// Cores the CPU path may use at once.
     pub(crate) cores: usize,
     pub(crate) probe_interval: Duration,
+    /// The Throughput policy's dealer.
+    pub(crate) rng: AtomicU64,
+    /// Counts inline CPU requests, to time one in 16.
+    pub(crate) samples: AtomicU64,
 }
 
 /// Per-slot counters.
@@ -177,17 +181,16 @@ impl Offload {
 
     /// The smallest request size at which the selector would leave the CPU
     /// for an engine with nothing in flight (under the current policy), if
-    /// any size up to 1 GiB would.
+    /// any size up to 1 GiB would. (Found between the first power of two
+    /// that leaves the CPU and the one before it.)
     pub fn break_even(&self, alg: impl Into<Algorithm>, dir: Direction) -> Option<usize> {
         let alg = alg.into();
         let on_engine = |len| self.inner.choose(alg, dir, len).0 != 0;
-        let max = 1usize << 30;
-        if !on_engine(max) {
-            return None;
-        }
-        let (mut lo, mut hi) = (1usize, max);
-        if on_engine(lo) {
-            return Some(lo);
+        // The first power of two that leaves the CPU, then bisect below it.
+        let mut hi = (0..=30).map(|k| 1usize << k).find(|&len| on_engine(len))?;
+        let mut lo = hi / 2;
+        if lo == 0 {
+            return Some(hi);
         }
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
@@ -447,6 +450,8 @@ impl OffloadBuilder {
             stats: (0..slots).map(|_| Counters::default()).collect(),
             cores,
             probe_interval: self.probe_interval,
+            rng: AtomicU64::new(0x9e37_79b9_7f4a_7c15),
+            samples: AtomicU64::new(0),
         };
         if let Some(profile) = &self.profile {
             for e in &profile.entries {

@@ -169,6 +169,7 @@ impl PowerDomain {
         c.stats.references = c.refs;
         Ok(PowerRef {
             domain: self.inner.clone(),
+            released: false,
         })
     }
 
@@ -241,6 +242,53 @@ impl Domain {
 /// last one schedules the autosuspend.
 pub struct PowerRef {
     domain: Arc<Domain>,
+    /// Already uncounted (by `put_sync`).
+    released: bool,
+}
+
+impl PowerRef {
+    /// Drops this reference and, if it was the last, suspends the device
+    /// now rather than after the autosuspend delay — what a driver calling
+    /// `pm_runtime_put_sync` per request does (and what sessions exist to
+    /// avoid: it is here so the simulated engine can reproduce the cost).
+    ///
+    /// # Cancel safety
+    /// If the future is dropped before the suspend runs, the reference is
+    /// released with the usual delayed suspend.
+    pub async fn put_sync(mut self) {
+        let domain = self.domain.clone();
+        let _transition = domain.transition.lock().await;
+        let last = {
+            let mut c = domain.lock();
+            if c.refs == 1 {
+                c.refs = 0;
+                c.stats.references = 0;
+                c.generation += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if !last {
+            drop(self);
+            return;
+        }
+        // The count is already down: do not count it again in `drop`.
+        self.released = true;
+        drop(self);
+        if !domain.lock().stats.powered {
+            return;
+        }
+        let result = domain.control.power_off().await;
+        let mut c = domain.lock();
+        match result {
+            Ok(()) => {
+                c.stats.powered = false;
+                c.stats.suspends += 1;
+            }
+            Err(_) => c.stats.failures += 1,
+        }
+    }
 }
 
 impl Clone for PowerRef {
@@ -251,13 +299,16 @@ impl Clone for PowerRef {
         drop(c);
         PowerRef {
             domain: self.domain.clone(),
+            released: false,
         }
     }
 }
 
 impl Drop for PowerRef {
     fn drop(&mut self) {
-        self.domain.release();
+        if !self.released {
+            self.domain.release();
+        }
     }
 }
 

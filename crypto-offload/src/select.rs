@@ -187,45 +187,85 @@ impl Inner {
         if self.backends.is_empty() {
             return (0, None);
         }
-        let mut best: Option<Prediction> = None;
-        let within = match self.policy {
-            Policy::CpuSaving { max_latency } => Some(max_latency.as_nanos() as f64),
-            _ => None,
+        let best = match self.policy {
+            Policy::Latency => self.least(alg, dir, len, |p, b| p.latency < b.latency),
+            Policy::CpuSaving { max_latency } => {
+                let bound = max_latency.as_nanos() as f64;
+                self.least(alg, dir, len, |p, b| {
+                    match (p.latency <= bound, b.latency <= bound) {
+                        (true, false) => true,
+                        (false, true) => false,
+                        (true, true) => p.cpu < b.cpu || (p.cpu == b.cpu && p.latency < b.latency),
+                        (false, false) => p.latency < b.latency,
+                    }
+                })
+            }
+            Policy::Throughput => self.spread(alg, dir, len),
         };
-        for slot in 0..=self.backends.len() {
-            let Ok(p) = self.predict(slot, alg, dir, len) else {
-                continue;
-            };
-            best = Some(match best {
-                None => p,
-                Some(b) => match within {
-                    None => {
-                        if p.latency < b.latency {
-                            p
-                        } else {
-                            b
-                        }
-                    }
-                    Some(bound) => {
-                        let (pi, bi) = (p.latency <= bound, b.latency <= bound);
-                        let better = match (pi, bi) {
-                            (true, false) => true,
-                            (false, true) => false,
-                            (true, true) => {
-                                p.cpu < b.cpu || (p.cpu == b.cpu && p.latency < b.latency)
-                            }
-                            (false, false) => p.latency < b.latency,
-                        };
-                        if better { p } else { b }
-                    }
-                },
-            });
-        }
         match best {
             Some(p) => (p.slot, Some(p)),
             // Nothing calibrated: the CPU, which runs everything.
             None => (0, None),
         }
+    }
+
+    /// The eligible prediction that `better` ranks first.
+    fn least(
+        &self,
+        alg: Algorithm,
+        dir: Direction,
+        len: usize,
+        better: impl Fn(&Prediction, &Prediction) -> bool,
+    ) -> Option<Prediction> {
+        (0..=self.backends.len())
+            .filter_map(|slot| self.predict(slot, alg, dir, len).ok())
+            .reduce(|b, p| if better(&p, &b) { p } else { b })
+    }
+
+    /// Throughput: while a core is free the request runs here on the CPU;
+    /// once the CPU is busy, requests are dealt to the backends at random in
+    /// proportion to their capacity for this size (requests per second:
+    /// parallelism over corrected service time), so that every backend
+    /// works at once and each gets the share it can serve.
+    fn spread(&self, alg: Algorithm, dir: Direction, len: usize) -> Option<Prediction> {
+        let cpu_busy = self.models[0].in_flight.load(Ordering::Relaxed);
+        let preds: Vec<(Prediction, f64)> = (0..=self.backends.len())
+            .filter_map(|slot| {
+                let p = self.predict(slot, alg, dir, len).ok()?;
+                let servers = if slot == 0 {
+                    self.cores as f64
+                } else {
+                    let cost = self.models[slot].entry(alg, dir).cost()?;
+                    f64::from(cost.parallelism)
+                };
+                let service = p.base * self.models[slot].entry(alg, dir).correction();
+                Some((p, servers / service.max(1.0)))
+            })
+            .collect();
+        if let Some((cpu, _)) = preds.iter().find(|(p, _)| p.slot == 0)
+            && (cpu_busy == 0 || cpu_busy + 1 < self.cores)
+        {
+            return Some(*cpu);
+        }
+        let total: f64 = preds.iter().map(|(_, c)| c).sum();
+        let mut pick = self.random() * total;
+        for (p, capacity) in &preds {
+            if pick < *capacity {
+                return Some(*p);
+            }
+            pick -= capacity;
+        }
+        preds.last().map(|(p, _)| *p)
+    }
+
+    /// A uniform draw in [0, 1) (xorshift; quality is not the point).
+    fn random(&self) -> f64 {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 
     pub(crate) fn slot_name(&self, slot: usize) -> &str {

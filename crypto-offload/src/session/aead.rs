@@ -12,7 +12,7 @@ use crypto_offload_fallback::{GCM_MAX_LEN, Gcm};
 use tracing::Instrument;
 use zeroize::Zeroize;
 
-use super::{BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, join_failed};
+use super::{BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, inline_cpu, join_failed};
 use crate::alg::{AeadAlg, Algorithm};
 use crate::backend::{AeadContext, Failed};
 use crate::buffer::{Buffer, IoBuf};
@@ -341,8 +341,15 @@ impl<B: Buffer> Future for SealDetached<'_, B> {
                     let (slot, predicted) =
                         inner.choose(session.alg.into(), Direction::Encrypt, len);
                     if slot == 0 && !cpu_blocking(len) {
-                        inner.stats[0].served(len);
-                        return Poll::Ready(session.seal_cpu(&nonce, aad, buf));
+                        let alg = session.alg.into();
+                        return Poll::Ready(inline_cpu(
+                            inner,
+                            alg,
+                            Direction::Encrypt,
+                            len,
+                            predicted,
+                            || session.seal_cpu(&nonce, aad, buf),
+                        ));
                     }
                     let dispatch = Dispatch::new(
                         inner,
@@ -531,8 +538,15 @@ impl<B: Buffer> Future for Open<'_, B> {
                     let (slot, predicted) =
                         inner.choose(session.alg.into(), Direction::Decrypt, len);
                     if slot == 0 && !cpu_blocking(len) {
-                        inner.stats[0].served(len);
-                        return Poll::Ready(session.open_cpu(&nonce, aad, buf, &tag));
+                        let alg = session.alg.into();
+                        return Poll::Ready(inline_cpu(
+                            inner,
+                            alg,
+                            Direction::Decrypt,
+                            len,
+                            predicted,
+                            || session.open_cpu(&nonce, aad, buf, &tag),
+                        ));
                     }
                     let dispatch = Dispatch::new(
                         inner,

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
-use super::{BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, cpu_parts, join_failed};
+use super::{
+    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, cpu_parts, inline_cpu, join_failed,
+};
 use crate::alg::{Algorithm, CipherAlg, CipherMode};
 use crate::backend::{CipherContext, CipherParams, Failed};
 use crate::buffer::{Buffer, IoBuf};
@@ -298,8 +300,14 @@ impl<B: Buffer> Future for CipherRequest<'_, B> {
                     let inner = session.offload.shared();
                     let (slot, predicted) = inner.choose(session.alg.into(), dir, len);
                     if slot == 0 && !cpu_blocking(len) {
-                        inner.stats[0].served(len);
-                        return Poll::Ready(session.run_cpu(encrypt, &params, buf));
+                        return Poll::Ready(inline_cpu(
+                            inner,
+                            session.alg.into(),
+                            dir,
+                            len,
+                            predicted,
+                            || session.run_cpu(encrypt, &params, buf),
+                        ));
                     }
                     let dispatch =
                         Dispatch::new(inner, slot, session.alg.into(), dir, len, predicted);

@@ -9,7 +9,9 @@ use core::task::{Context, Poll};
 use crypto_offload_fallback::{Crc, combine};
 use tracing::Instrument;
 
-use super::{BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, cpu_parts, join_failed};
+use super::{
+    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, cpu_parts, inline_cpu, join_failed,
+};
 use crate::alg::CrcAlg;
 use crate::backend::{CrcContext, Failed};
 use crate::buffer::{Buffer, IoBuf};
@@ -201,8 +203,14 @@ impl<B: Buffer> Future for CrcUpdate<'_, B> {
                     let inner = offload.shared();
                     let (slot, predicted) = inner.choose(alg.into(), Direction::Encrypt, len);
                     if slot == 0 && !cpu_blocking(len) {
-                        inner.stats[0].served(len);
-                        state.update(buf.bytes_mut());
+                        inline_cpu(
+                            inner,
+                            alg.into(),
+                            Direction::Encrypt,
+                            len,
+                            predicted,
+                            || state.update(buf.bytes_mut()),
+                        );
                         return Poll::Ready(Ok(buf));
                     }
                     let pending = Pending {

@@ -165,6 +165,39 @@ impl<'a> Dispatch<'a> {
     }
 }
 
+/// Runs `f`, an inline CPU request: counted, and — when the `Offload` has
+/// engines to weigh the CPU against — tracked in flight (the Throughput
+/// policy watches it) and, one request in 16, timed into the CPU's model.
+#[inline]
+pub(crate) fn inline_cpu<T>(
+    inner: &Inner,
+    alg: Algorithm,
+    dir: Direction,
+    len: usize,
+    predicted: Option<Prediction>,
+    f: impl FnOnce() -> T,
+) -> T {
+    inner.stats[0].served(len);
+    if inner.backends.is_empty() {
+        return f();
+    }
+    let _in_flight = InFlight::new(&inner.models[0].in_flight);
+    let Some(p) = predicted.filter(|_| {
+        inner
+            .samples
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(16)
+    }) else {
+        return f();
+    };
+    // Real time: CPU work does not advance tokio's (possibly paused) clock.
+    let start = std::time::Instant::now();
+    let out = f();
+    let observed = start.elapsed().as_nanos() as f64;
+    inner.models[0].entry(alg, dir).observe(p.base, observed);
+    out
+}
+
 /// CPU requests at least this long leave the async worker for the blocking
 /// pool (≥ ~60 µs of AES-XTS or ~20 µs of GCM on the build machines).
 pub(crate) const CPU_BLOCKING_MIN: usize = 256 * 1024;

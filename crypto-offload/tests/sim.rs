@@ -1,0 +1,395 @@
+//! The simulated engine's seed scenarios, on tokio's paused clock where the
+//! check is about behaviour (transitions, choices), so the numbers are exact
+//! and the tests instant. Throughput ratios are measured by `offload bench`
+//! and the benches, not here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crypto_offload::{
+    Algorithm, CipherAlg, CrcAlg, Direction, Offload, Policy, SimConfig, SimEngine, SimFaults,
+};
+
+fn key(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(1))
+        .collect()
+}
+
+const MB20: usize = 20 << 20;
+const BLOCK: usize = 4096;
+
+/// Streams 20 MB in 4 KiB requests through one session pinned to `sim`;
+/// returns the virtual time it took.
+async fn omap_stream(sim: Arc<SimEngine>) -> Duration {
+    let offload = Offload::builder()
+        .backend(sim.clone())
+        .pin("sim:omap")
+        .build()
+        .unwrap();
+    let s = offload
+        .cipher(CipherAlg::Aes128Cbc, &key(16))
+        .await
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let mut buf = vec![0u8; BLOCK];
+    for i in 0..MB20 / BLOCK {
+        buf = s.encrypt(&(i as u128).to_be_bytes(), buf).await.unwrap();
+    }
+    start.elapsed()
+}
+
+fn omap(per_request: bool) -> Arc<SimEngine> {
+    let mut c = SimConfig::preset("omap").unwrap();
+    // Real CPU spins do not advance the paused clock; leave them out here.
+    c.submit_cpu = Duration::ZERO;
+    c.completion_cpu = Duration::ZERO;
+    if let Some(p) = &mut c.power {
+        p.per_request = per_request;
+    }
+    Arc::new(SimEngine::new(c))
+}
+
+#[tokio::test(start_paused = true)]
+async fn omap_power_follows_the_session_not_the_request() {
+    let per_session = omap(false);
+    let t_session = omap_stream(per_session.clone()).await;
+    let power = per_session.as_ref().power_stats();
+    assert_eq!(
+        (power.resumes, power.suspends),
+        (1, 0),
+        "one resume for 5,120 requests"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await; // the session is gone: autosuspend
+    assert_eq!(per_session.power_stats().suspends, 1);
+
+    let per_request = omap(true);
+    let t_request = omap_stream(per_request.clone()).await;
+    let power = per_request.power_stats();
+    assert_eq!(
+        (power.resumes, power.suspends),
+        (5120, 5120),
+        "a transition pair per request"
+    );
+
+    // 4 KiB at 45 MiB/s + 40 µs = 126.8 µs a request, plus a 120 µs resume:
+    // per-request power costs ~95% more time (the paused clock rounds each
+    // timer up to the millisecond, so compare ratios, not absolutes).
+    let ratio = t_request.as_secs_f64() / t_session.as_secs_f64();
+    assert!(
+        ratio > 1.5,
+        "per-request power cycling should cost: {ratio:.2}x"
+    );
+}
+
+trait PowerStatsExt {
+    fn power_stats(&self) -> crypto_offload::PowerStats;
+}
+
+impl PowerStatsExt for SimEngine {
+    fn power_stats(&self) -> crypto_offload::PowerStats {
+        use crypto_offload::Backend;
+        self.power().map(|p| p.stats()).unwrap_or_default()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_request_keeps_the_device_powered_until_it_completes() {
+    let sim = omap(false);
+    let offload = Offload::builder()
+        .backend(sim.clone())
+        .pin("sim:omap")
+        .build()
+        .unwrap();
+    let s = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    {
+        let request = s.encrypt(&[0; 16], vec![0u8; 1 << 20]); // ~22 ms on the device
+        let _ = tokio::time::timeout(Duration::from_millis(1), request).await;
+    } // the request future is dropped mid-flight
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let p = sim.power_stats();
+    assert!(
+        p.powered && p.references == 1,
+        "the in-flight request holds power: {p:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(30)).await; // the device finishes
+    assert_eq!(sim.power_stats().references, 0);
+    assert!(sim.power_stats().powered, "then the autosuspend delay runs");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!sim.power_stats().powered);
+    assert_eq!(sim.power_stats().resumes, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn mcrc64_stays_on_the_cpu_for_latency_and_takes_big_requests_to_save_cpu() {
+    let alg = Algorithm::Crc(CrcAlg::Crc64Nvme);
+    let sizes = [
+        16usize,
+        1 << 10,
+        64 << 10,
+        1 << 20,
+        4 << 20,
+        64 << 20,
+        1 << 30,
+    ];
+
+    let latency = Offload::builder()
+        .backend(Arc::new(SimEngine::preset("mcrc64").unwrap()))
+        .build()
+        .unwrap();
+    latency.calibrate().await.unwrap();
+    for len in sizes {
+        let e = latency.explain(alg, Direction::Encrypt, len);
+        assert_eq!(e.choice, "cpu", "{e}");
+    }
+    assert_eq!(latency.break_even(alg, Direction::Encrypt), None);
+
+    let saving = Offload::builder()
+        .backend(Arc::new(SimEngine::preset("mcrc64").unwrap()))
+        .policy(Policy::CpuSaving {
+            max_latency: Duration::from_secs(1),
+        })
+        .profile(latency.profile())
+        .build()
+        .unwrap();
+    let be = saving
+        .break_even(alg, Direction::Encrypt)
+        .expect("a break-even exists");
+    // The engine takes ~17 µs of CPU a request; the CPU's CRC-64 runs at
+    // ~50 GB/s: the crossover is around a megabyte.
+    assert!((100 << 10..16 << 20).contains(&be), "break-even {be}");
+    assert_eq!(
+        saving.explain(alg, Direction::Encrypt, be / 2).choice,
+        "cpu"
+    );
+    assert_eq!(
+        saving.explain(alg, Direction::Encrypt, be * 2).choice,
+        "sim:mcrc64"
+    );
+    // Beyond the latency bound (25 ms + len / 812 MB/s > 1 s) the CPU again.
+    assert_eq!(
+        saving.explain(alg, Direction::Encrypt, 1 << 30).choice,
+        "cpu"
+    );
+
+    // And requests really go there.
+    let mut s = saving.crc(CrcAlg::Crc64Nvme).await.unwrap();
+    s.update(vec![1u8; be * 2]).await.unwrap();
+    s.update(vec![1u8; 64]).await.unwrap();
+    let stats = saving.backends();
+    assert_eq!(stats[1].stats.requests, 1, "{stats:?}");
+    let mut want = crypto_offload_fallback::Crc::new(CrcAlg::Crc64Nvme);
+    want.update(&vec![1u8; be * 2]);
+    want.update(&[1u8; 64]);
+    assert_eq!(s.finalize(), want.finalize());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qce_latency_keeps_the_cpu_and_throughput_uses_both() {
+    let sim = Arc::new(SimEngine::preset("qce").unwrap());
+    let run = |policy| {
+        let sim = sim.clone();
+        async move {
+            let offload = Offload::builder()
+                .backend(sim)
+                .policy(policy)
+                .build()
+                .unwrap();
+            offload.calibrate().await.unwrap();
+            let mut tasks = Vec::new();
+            for t in 0..8u128 {
+                let offload = offload.clone();
+                tasks.push(tokio::spawn(async move {
+                    let s = offload
+                        .cipher(CipherAlg::Aes256Xts, &key(64))
+                        .await
+                        .unwrap();
+                    let mut buf = vec![t as u8; 64 << 10];
+                    for i in 0..60u128 {
+                        let pt = buf.clone();
+                        buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
+                        buf = s.decrypt(&i.to_le_bytes(), buf).await.unwrap();
+                        assert_eq!(buf, pt);
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            offload.backends()
+        }
+    };
+    let latency = run(Policy::Latency).await;
+    assert_eq!(
+        latency[1].stats.requests, 0,
+        "the engine is slower at every size: {latency:?}"
+    );
+    let throughput = run(Policy::Throughput).await;
+    assert!(
+        throughput[0].stats.requests > 0 && throughput[1].stats.requests > 0,
+        "{throughput:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn eip197_rings_serve_in_parallel() {
+    // Four rings finish 64 concurrent requests in a quarter of one ring's time.
+    let mut one = SimConfig::preset("eip197").unwrap();
+    one.queues = 1;
+    one.completion_cpu = Duration::ZERO;
+    one.submit_cpu = Duration::ZERO;
+    let mut four = one.clone();
+    four.queues = 4;
+    let mut times = Vec::new();
+    for config in [one, four] {
+        let offload = Offload::builder()
+            .backend(Arc::new(SimEngine::new(config)))
+            .pin("sim:eip197")
+            .build()
+            .unwrap();
+        let g = Arc::new(
+            offload
+                .aead(crypto_offload::AeadAlg::Aes128Gcm, &key(16))
+                .await
+                .unwrap(),
+        );
+        let start = tokio::time::Instant::now();
+        let mut tasks = Vec::new();
+        for i in 0..64u8 {
+            let g = g.clone();
+            tasks.push(tokio::spawn(async move {
+                g.seal(&[i; 12], b"", vec![i; 1 << 20]).await.unwrap()
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        times.push(start.elapsed().as_secs_f64());
+    }
+    let speedup = times[0] / times[1];
+    assert!((3.5..4.5).contains(&speedup), "{speedup:.2}x");
+}
+
+#[tokio::test(start_paused = true)]
+async fn faults_are_completed_on_the_cpu_and_the_breaker_opens_then_closes() {
+    let mut c = SimConfig::new(
+        "sim:flaky",
+        vec![Algorithm::Cipher(CipherAlg::Aes128Ctr)],
+        Duration::from_micros(10),
+        1e9,
+    );
+    c.faults = SimFaults {
+        error_rate: 0.3,
+        timeout_rate: 0.1,
+        timeout: Duration::from_millis(5),
+        gone_after: None,
+        seed: 7,
+    };
+    let sim = Arc::new(SimEngine::new(c));
+    let offload = Offload::builder()
+        .backend(sim.clone())
+        .pin("sim:flaky")
+        .probe_interval(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let s = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    let cpu = Offload::builder().build().unwrap();
+    let reference = cpu.cipher(CipherAlg::Aes128Ctr, &key(16)).await.unwrap();
+    for i in 0..500u128 {
+        let pt = vec![(i % 251) as u8; 100 + i as usize];
+        let got = s.encrypt(&i.to_be_bytes(), pt.clone()).await.unwrap();
+        let want = reference.encrypt(&i.to_be_bytes(), pt).await.unwrap();
+        assert_eq!(got, want, "request {i}");
+    }
+    let b = offload.backends();
+    assert!(b[1].stats.failures > 100, "{b:?}");
+    assert_eq!(b[0].stats.replayed, b[1].stats.failures);
+    assert_eq!(b[1].stats.requests + b[1].stats.failures, 500);
+    assert!(b[1].stats.breaker_opened >= 1);
+
+    // The device goes away for good: every request completes on the CPU and
+    // the breaker stays open with the reason; when it comes back, a probe
+    // closes it.
+    sim.set_gone(true);
+    let got = s.encrypt(&[1; 16], vec![3u8; 64]).await.unwrap();
+    assert_eq!(
+        got,
+        reference.encrypt(&[1; 16], vec![3u8; 64]).await.unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let why = offload.backends()[1]
+        .unavailable
+        .clone()
+        .unwrap_or_default();
+    assert!(why.contains("gone"), "{why}");
+    sim.set_gone(false);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let b = offload.backends();
+    assert!(b[1].unavailable.is_none(), "{b:?}");
+    assert!(b[1].stats.breaker_closed >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn explain_lists_every_backend_and_profiles_round_trip() {
+    let offload = Offload::builder()
+        .backend(Arc::new(SimEngine::preset("qce").unwrap()))
+        .backend(Arc::new(SimEngine::preset("mcrc64").unwrap()))
+        .build()
+        .unwrap();
+    let before = offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, 4096);
+    assert_eq!(before.choice, "cpu");
+    assert!(
+        before.candidates[1]
+            .excluded
+            .as_deref()
+            .is_some_and(|w| w.contains("not calibrated"))
+    );
+    offload.calibrate().await.unwrap();
+    let e = offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, 4096);
+    assert_eq!(e.candidates.len(), 3);
+    assert!(e.candidates[0].latency.is_some() && e.candidates[1].latency.is_some());
+    assert!(e.candidates[2].excluded.as_deref() == Some("does not run this algorithm"));
+    let text = e.to_string();
+    assert!(
+        text.contains("sim:qce") && text.contains("latency"),
+        "{text}"
+    );
+
+    let toml = offload.profile().to_toml().unwrap();
+    let back = crypto_offload::Profile::from_toml(&toml).unwrap();
+    assert_eq!(back, offload.profile());
+    assert!(
+        toml.contains("[[entry]]") && toml.contains("sim:qce"),
+        "{toml}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn short_sessions_within_the_autosuspend_delay_resume_once() {
+    let sim = omap(false);
+    let offload = Offload::builder()
+        .backend(sim.clone())
+        .pin("sim:omap")
+        .build()
+        .unwrap();
+    for i in 0..50u128 {
+        let s = offload
+            .cipher(CipherAlg::Aes128Cbc, &key(16))
+            .await
+            .unwrap();
+        s.encrypt(&i.to_be_bytes(), vec![0u8; 4096]).await.unwrap();
+        drop(s);
+        tokio::time::sleep(Duration::from_millis(100)).await; // < the 1 s delay
+    }
+    let p = sim.power_stats();
+    assert_eq!((p.resumes, p.suspends), (1, 0), "{p:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(sim.power_stats().suspends, 1);
+}
