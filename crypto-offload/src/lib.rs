@@ -36,7 +36,7 @@ pub use select::{Candidate, Explanation, Policy};
 pub use session::{
     AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
 };
-pub use sim::{SimConfig, SimEngine, SimFaults, SimPower};
+pub use sim::{SimConfig, SimEngine, SimFaults, SimPower, SimTimer};
 
 /// CRC combination: the CRC of `A ‖ B` from `crc(A)`, `crc(B)` and `len(B)`.
 pub use crypto_offload_fallback::combine as crc_combine;

@@ -45,10 +45,8 @@ pub(crate) struct Inner {
     /// Cores the CPU path may use at once.
     pub(crate) cores: usize,
     pub(crate) probe_interval: Duration,
-    /// The Throughput policy's dealer.
-    pub(crate) rng: AtomicU64,
-    /// Counts inline CPU requests, to time one in 16.
-    pub(crate) samples: AtomicU64,
+    /// `supported[slot][algorithm index]`, asked of each backend once.
+    pub(crate) supported: Vec<Box<[bool]>>,
 }
 
 /// Per-slot counters.
@@ -440,7 +438,15 @@ impl OffloadBuilder {
         let cores = self
             .cores
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let supported = std::iter::once(Algorithm::all().map(|_| true).collect())
+            .chain(
+                self.backends
+                    .iter()
+                    .map(|b| Algorithm::all().map(|a| b.supports(a)).collect()),
+            )
+            .collect();
         let inner = Inner {
+            supported,
             cpu: self.cpu,
             backends: self.backends,
             pinned,
@@ -450,8 +456,6 @@ impl OffloadBuilder {
             stats: (0..slots).map(|_| Counters::default()).collect(),
             cores,
             probe_interval: self.probe_interval,
-            rng: AtomicU64::new(0x9e37_79b9_7f4a_7c15),
-            samples: AtomicU64::new(0),
         };
         if let Some(profile) = &self.profile {
             for e in &profile.entries {

@@ -108,15 +108,32 @@ impl fmt::Display for Explanation {
     }
 }
 
+/// Under the Throughput policy, requests in flight per engine server up to
+/// which the engine takes more: one being served and one ready behind it.
+const QUEUE_PER_SERVER: f64 = 2.0;
+
+/// Why a backend is not a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exclusion {
+    Unsupported,
+    CircuitOpen,
+    Uncalibrated,
+}
+
 /// A predicted cost, in ns.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Prediction {
     pub(crate) slot: usize,
     pub(crate) latency: f64,
     pub(crate) cpu: f64,
-    /// The service time before correction (what observations are compared
-    /// against, so the correction does not feed back on itself).
+    /// The service time before correction.
     pub(crate) base: f64,
+    /// The completion time before correction: service plus the wait behind
+    /// the requests in flight when it was sent. Observations are compared
+    /// with this, so that queueing (which the prediction already counts)
+    /// does not pass for a slower engine, and the correction does not feed
+    /// back on itself.
+    pub(crate) expected: f64,
 }
 
 impl Inner {
@@ -127,35 +144,36 @@ impl Inner {
         alg: Algorithm,
         dir: Direction,
         len: usize,
-    ) -> Result<Prediction, String> {
+    ) -> Result<Prediction, Exclusion> {
+        let k = crate::cost::key(alg, dir);
         if slot > 0 {
-            let b = &self.backends[slot - 1];
-            if !b.supports(alg) {
-                return Err("does not run this algorithm".into());
+            if !self.supported[slot][k / 2] {
+                return Err(Exclusion::Unsupported);
             }
-            if let Some(reason) = self.breakers[slot].reason() {
-                return Err(format!("circuit open: {reason}"));
+            if self.breakers[slot].is_open() {
+                return Err(Exclusion::CircuitOpen);
             }
         }
         let model = &self.models[slot];
-        let entry = model.entry(alg, dir);
+        let entry = &model.entries[k];
         let Some(cost) = entry.cost() else {
-            return Err("not calibrated".into());
+            return Err(Exclusion::Uncalibrated);
         };
         let base = cost.latency_ns(len);
         let service = base * entry.correction();
-        let in_flight = model.in_flight.load(Ordering::Relaxed) as f64;
-        let cpu_inline = slot == 0 && self.policy != Policy::Throughput;
-        let (servers, queued) = if slot == 0 {
-            (self.cores as f64, in_flight)
-        } else {
-            (f64::from(cost.parallelism), in_flight)
-        };
-        let wait = if cpu_inline {
+        let queued = model.in_flight.load(Ordering::Relaxed) as f64;
+        let waiting = if slot == 0 && self.policy != Policy::Throughput {
+            // Inline on the calling task: the CPU path does not queue.
             0.0
         } else {
-            ((queued + 1.0 - servers).max(0.0) / servers) * service
+            let servers = if slot == 0 {
+                self.cores as f64
+            } else {
+                f64::from(cost.parallelism)
+            };
+            (queued + 1.0 - servers).max(0.0) / servers
         };
+        let wait = waiting * service;
         let resume = if slot > 0
             && self.backends[slot - 1]
                 .power()
@@ -170,6 +188,37 @@ impl Inner {
             latency: service + wait + resume,
             cpu: cost.cpu_ns(len),
             base,
+            expected: base * (1.0 + waiting),
+        })
+    }
+
+    /// Under the Latency policy, whether the CPU wins without looking at the
+    /// engines' queues: its predicted latency is below every eligible
+    /// engine's fixed latency (which queueing only adds to).
+    #[inline]
+    fn cpu_clearly_wins(&self, alg: Algorithm, dir: Direction, len: usize) -> Option<Prediction> {
+        let k = crate::cost::key(alg, dir);
+        let entry = &self.models[0].entries[k];
+        let cost = entry.cost()?;
+        let base = cost.latency_ns(len);
+        let cpu = base * entry.correction();
+        for slot in 1..=self.backends.len() {
+            if !self.supported[slot][k / 2] || self.breakers[slot].is_open() {
+                continue;
+            }
+            let e = &self.models[slot].entries[k];
+            if let Some(c) = e.cost()
+                && c.fixed_ns * e.correction() <= cpu
+            {
+                return None;
+            }
+        }
+        Some(Prediction {
+            slot: 0,
+            latency: cpu,
+            cpu: cost.cpu_ns(len),
+            base,
+            expected: base,
         })
     }
 
@@ -188,7 +237,10 @@ impl Inner {
             return (0, None);
         }
         let best = match self.policy {
-            Policy::Latency => self.least(alg, dir, len, |p, b| p.latency < b.latency),
+            Policy::Latency => match self.cpu_clearly_wins(alg, dir, len) {
+                Some(p) => Some(p),
+                None => self.least(alg, dir, len, |p, b| p.latency < b.latency),
+            },
             Policy::CpuSaving { max_latency } => {
                 let bound = max_latency.as_nanos() as f64;
                 self.least(alg, dir, len, |p, b| {
@@ -222,50 +274,30 @@ impl Inner {
             .reduce(|b, p| if better(&p, &b) { p } else { b })
     }
 
-    /// Throughput: while a core is free the request runs here on the CPU;
-    /// once the CPU is busy, requests are dealt to the backends at random in
-    /// proportion to their capacity for this size (requests per second:
-    /// parallelism over corrected service time), so that every backend
-    /// works at once and each gets the share it can serve.
+    /// Throughput: while a core is free the request runs here on the CPU.
+    /// Once the CPU is busy, a request goes to an engine that has room —
+    /// fewer than [`QUEUE_PER_SERVER`] requests per server in flight, so it
+    /// always has the next one ready and never idles — and that takes less
+    /// of this machine's CPU than doing the work here would (otherwise
+    /// offloading frees nothing). The CPU takes the rest. Engines and CPU
+    /// then work at once, each at its own capacity.
     fn spread(&self, alg: Algorithm, dir: Direction, len: usize) -> Option<Prediction> {
+        let cpu = self.predict(0, alg, dir, len).ok();
         let cpu_busy = self.models[0].in_flight.load(Ordering::Relaxed);
-        let preds: Vec<(Prediction, f64)> = (0..=self.backends.len())
+        if cpu.is_some() && (cpu_busy == 0 || cpu_busy + 1 < self.cores) {
+            return cpu;
+        }
+        let here = cpu.map_or(f64::MAX, |c| c.base);
+        let engine = (1..=self.backends.len())
             .filter_map(|slot| {
                 let p = self.predict(slot, alg, dir, len).ok()?;
-                let servers = if slot == 0 {
-                    self.cores as f64
-                } else {
-                    let cost = self.models[slot].entry(alg, dir).cost()?;
-                    f64::from(cost.parallelism)
-                };
-                let service = p.base * self.models[slot].entry(alg, dir).correction();
-                Some((p, servers / service.max(1.0)))
+                let cost = self.models[slot].entry(alg, dir).cost()?;
+                let queued = self.models[slot].in_flight.load(Ordering::Relaxed) as f64;
+                let room = queued < QUEUE_PER_SERVER * f64::from(cost.parallelism);
+                (room && p.cpu < here).then_some(p)
             })
-            .collect();
-        if let Some((cpu, _)) = preds.iter().find(|(p, _)| p.slot == 0)
-            && (cpu_busy == 0 || cpu_busy + 1 < self.cores)
-        {
-            return Some(*cpu);
-        }
-        let total: f64 = preds.iter().map(|(_, c)| c).sum();
-        let mut pick = self.random() * total;
-        for (p, capacity) in &preds {
-            if pick < *capacity {
-                return Some(*p);
-            }
-            pick -= capacity;
-        }
-        preds.last().map(|(p, _)| *p)
-    }
-
-    /// A uniform draw in [0, 1) (xorshift; quality is not the point).
-    fn random(&self) -> f64 {
-        let mut x = self.rng.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.rng.store(x, Ordering::Relaxed);
-        (x >> 11) as f64 / (1u64 << 53) as f64
+            .reduce(|b, p| if p.latency < b.latency { p } else { b });
+        engine.or(cpu)
     }
 
     pub(crate) fn slot_name(&self, slot: usize) -> &str {
@@ -288,7 +320,15 @@ impl Inner {
                     }
                     _ => None,
                 };
-                match (excluded, self.predict(slot, alg, dir, len)) {
+                let predicted = self.predict(slot, alg, dir, len).map_err(|e| match e {
+                    Exclusion::Unsupported => "does not run this algorithm".to_owned(),
+                    Exclusion::Uncalibrated => "not calibrated".to_owned(),
+                    Exclusion::CircuitOpen => format!(
+                        "circuit open: {}",
+                        self.breakers[slot].reason().unwrap_or_default()
+                    ),
+                });
+                match (excluded, predicted) {
                     (Some(why), _) | (None, Err(why)) => Candidate {
                         backend,
                         latency: None,

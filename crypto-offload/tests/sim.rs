@@ -8,7 +8,15 @@ use std::time::Duration;
 
 use crypto_offload::{
     Algorithm, CipherAlg, CrcAlg, Direction, Offload, Policy, SimConfig, SimEngine, SimFaults,
+    SimTimer,
 };
+
+/// A preset on tokio timers, for the paused clock.
+fn preset(name: &str) -> SimConfig {
+    let mut c = SimConfig::preset(name).unwrap();
+    c.timer = SimTimer::Tokio;
+    c
+}
 
 fn key(len: usize) -> Vec<u8> {
     (0..len)
@@ -40,7 +48,7 @@ async fn omap_stream(sim: Arc<SimEngine>) -> Duration {
 }
 
 fn omap(per_request: bool) -> Arc<SimEngine> {
-    let mut c = SimConfig::preset("omap").unwrap();
+    let mut c = preset("omap");
     // Real CPU spins do not advance the paused clock; leave them out here.
     c.submit_cpu = Duration::ZERO;
     c.completion_cpu = Duration::ZERO;
@@ -138,7 +146,7 @@ async fn mcrc64_stays_on_the_cpu_for_latency_and_takes_big_requests_to_save_cpu(
     ];
 
     let latency = Offload::builder()
-        .backend(Arc::new(SimEngine::preset("mcrc64").unwrap()))
+        .backend(Arc::new(SimEngine::new(preset("mcrc64"))))
         .build()
         .unwrap();
     latency.calibrate().await.unwrap();
@@ -149,7 +157,7 @@ async fn mcrc64_stays_on_the_cpu_for_latency_and_takes_big_requests_to_save_cpu(
     assert_eq!(latency.break_even(alg, Direction::Encrypt), None);
 
     let saving = Offload::builder()
-        .backend(Arc::new(SimEngine::preset("mcrc64").unwrap()))
+        .backend(Arc::new(SimEngine::new(preset("mcrc64"))))
         .policy(Policy::CpuSaving {
             max_latency: Duration::from_secs(1),
         })
@@ -238,7 +246,7 @@ async fn qce_latency_keeps_the_cpu_and_throughput_uses_both() {
 #[tokio::test(start_paused = true)]
 async fn eip197_rings_serve_in_parallel() {
     // Four rings finish 64 concurrent requests in a quarter of one ring's time.
-    let mut one = SimConfig::preset("eip197").unwrap();
+    let mut one = preset("eip197");
     one.queues = 1;
     one.completion_cpu = Duration::ZERO;
     one.submit_cpu = Duration::ZERO;
@@ -282,6 +290,7 @@ async fn faults_are_completed_on_the_cpu_and_the_breaker_opens_then_closes() {
         Duration::from_micros(10),
         1e9,
     );
+    c.timer = SimTimer::Tokio;
     c.faults = SimFaults {
         error_rate: 0.3,
         timeout_rate: 0.1,
@@ -340,7 +349,7 @@ async fn faults_are_completed_on_the_cpu_and_the_breaker_opens_then_closes() {
 async fn explain_lists_every_backend_and_profiles_round_trip() {
     let offload = Offload::builder()
         .backend(Arc::new(SimEngine::preset("qce").unwrap()))
-        .backend(Arc::new(SimEngine::preset("mcrc64").unwrap()))
+        .backend(Arc::new(SimEngine::new(preset("mcrc64"))))
         .build()
         .unwrap();
     let before = offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, 4096);

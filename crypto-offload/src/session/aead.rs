@@ -12,7 +12,9 @@ use crypto_offload_fallback::{GCM_MAX_LEN, Gcm};
 use tracing::Instrument;
 use zeroize::Zeroize;
 
-use super::{BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, inline_cpu, join_failed};
+use super::{
+    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_plan, inline_cpu, join_failed, spend_budget,
+};
 use crate::alg::{AeadAlg, Algorithm};
 use crate::backend::{AeadContext, Failed};
 use crate::buffer::{Buffer, IoBuf};
@@ -333,6 +335,18 @@ impl<B: Buffer> Future for SealDetached<'_, B> {
             match mem::replace(&mut this.state, SealState::Done) {
                 SealState::Start { nonce, mut buf } => {
                     let len = buf.bytes_mut().len();
+                    let budget = spend_budget(
+                        cx,
+                        session.offload.inner(),
+                        0,
+                        session.alg.into(),
+                        Direction::Encrypt,
+                        len,
+                    );
+                    if !budget {
+                        this.state = SealState::Start { nonce, buf };
+                        return Poll::Pending;
+                    }
                     let nonce = match session.check(nonce, len) {
                         Ok(n) => n,
                         Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
@@ -340,8 +354,8 @@ impl<B: Buffer> Future for SealDetached<'_, B> {
                     let inner = session.offload.shared();
                     let (slot, predicted) =
                         inner.choose(session.alg.into(), Direction::Encrypt, len);
-                    if slot == 0 && !cpu_blocking(len) {
-                        let alg = session.alg.into();
+                    let alg = session.alg.into();
+                    if slot == 0 && cpu_plan(inner, alg, Direction::Encrypt, len).is_none() {
                         return Poll::Ready(inline_cpu(
                             inner,
                             alg,
@@ -528,7 +542,24 @@ impl<B: Buffer> Future for Open<'_, B> {
         let (session, aad) = (this.session, this.aad);
         loop {
             match mem::replace(&mut this.state, OpenState::Done) {
-                OpenState::Start { nonce, buf, tag } => {
+                OpenState::Start {
+                    nonce,
+                    mut buf,
+                    tag,
+                } => {
+                    let len = buf.bytes_mut().len();
+                    let budget = spend_budget(
+                        cx,
+                        session.offload.inner(),
+                        0,
+                        session.alg.into(),
+                        Direction::Decrypt,
+                        len,
+                    );
+                    if !budget {
+                        this.state = OpenState::Start { nonce, buf, tag };
+                        return Poll::Pending;
+                    }
                     let (nonce, tag, mut buf) = match Self::start(session, nonce, buf, tag) {
                         Ok(v) => v,
                         Err(e) => return Poll::Ready(Err(e)),
@@ -537,8 +568,8 @@ impl<B: Buffer> Future for Open<'_, B> {
                     let inner = session.offload.shared();
                     let (slot, predicted) =
                         inner.choose(session.alg.into(), Direction::Decrypt, len);
-                    if slot == 0 && !cpu_blocking(len) {
-                        let alg = session.alg.into();
+                    let alg = session.alg.into();
+                    if slot == 0 && cpu_plan(inner, alg, Direction::Decrypt, len).is_none() {
                         return Poll::Ready(inline_cpu(
                             inner,
                             alg,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 use super::{
-    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, cpu_parts, inline_cpu, join_failed,
+    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_plan, inline_cpu, join_failed, spend_budget,
 };
 use crate::alg::{Algorithm, CipherAlg, CipherMode};
 use crate::backend::{CipherContext, CipherParams, Failed};
@@ -293,13 +293,24 @@ impl<B: Buffer> Future for CipherRequest<'_, B> {
             match mem::replace(&mut this.state, State::Done) {
                 State::Start { iv, mut buf } => {
                     let len = buf.bytes_mut().len();
+                    let budget =
+                        spend_budget(cx, session.offload.inner(), 0, session.alg.into(), dir, len);
+                    if !budget {
+                        this.state = State::Start { iv, buf };
+                        return Poll::Pending;
+                    }
                     let params = match session.params(iv, len) {
                         Ok(p) => p,
                         Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
                     };
                     let inner = session.offload.shared();
                     let (slot, predicted) = inner.choose(session.alg.into(), dir, len);
-                    if slot == 0 && !cpu_blocking(len) {
+                    let plan = if slot == 0 {
+                        cpu_plan(inner, session.alg.into(), dir, len)
+                    } else {
+                        None
+                    };
+                    if slot == 0 && plan.is_none() {
                         return Poll::Ready(inline_cpu(
                             inner,
                             session.alg.into(),
@@ -313,7 +324,7 @@ impl<B: Buffer> Future for CipherRequest<'_, B> {
                         Dispatch::new(inner, slot, session.alg.into(), dir, len, predicted);
                     if slot == 0 {
                         let cpu = session.cpu.clone();
-                        let parts = cpu_parts(inner, len);
+                        let parts = plan.unwrap_or(1);
                         let job = tokio::task::spawn_blocking(move || {
                             let r = cpu.run_split(encrypt, &params, buf.bytes_mut(), parts);
                             (r, buf)

@@ -10,7 +10,7 @@ use crypto_offload_fallback::{Crc, combine};
 use tracing::Instrument;
 
 use super::{
-    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_blocking, cpu_parts, inline_cpu, join_failed,
+    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_plan, inline_cpu, join_failed, spend_budget,
 };
 use crate::alg::CrcAlg;
 use crate::backend::{CrcContext, Failed};
@@ -192,6 +192,19 @@ impl<B: Buffer> Future for CrcUpdate<'_, B> {
         loop {
             match mem::replace(&mut this.state, UpdateState::Done) {
                 UpdateState::Start { session, mut buf } => {
+                    let len = buf.bytes_mut().len();
+                    let budget = spend_budget(
+                        cx,
+                        session.offload.inner(),
+                        0,
+                        session.alg.into(),
+                        Direction::Encrypt,
+                        len,
+                    );
+                    if !budget {
+                        this.state = UpdateState::Start { session, buf };
+                        return Poll::Pending;
+                    }
                     let CrcSession {
                         alg,
                         state,
@@ -199,10 +212,14 @@ impl<B: Buffer> Future for CrcUpdate<'_, B> {
                         offload,
                     } = session;
                     let alg = *alg;
-                    let len = buf.bytes_mut().len();
                     let inner = offload.shared();
                     let (slot, predicted) = inner.choose(alg.into(), Direction::Encrypt, len);
-                    if slot == 0 && !cpu_blocking(len) {
+                    let plan = if slot == 0 {
+                        cpu_plan(inner, alg.into(), Direction::Encrypt, len)
+                    } else {
+                        None
+                    };
+                    if slot == 0 && plan.is_none() {
                         inline_cpu(
                             inner,
                             alg.into(),
@@ -227,7 +244,7 @@ impl<B: Buffer> Future for CrcUpdate<'_, B> {
                         ),
                     };
                     if slot == 0 {
-                        let parts = cpu_parts(inner, len);
+                        let parts = plan.unwrap_or(1);
                         let job = tokio::task::spawn_blocking(move || {
                             (checksum_split(alg, buf.bytes_mut(), parts), buf)
                         });

@@ -151,7 +151,7 @@ impl<'a> Dispatch<'a> {
             let observed = self.started.elapsed().as_nanos() as f64;
             self.inner.models[self.slot]
                 .entry(self.alg, self.dir)
-                .observe(p.base, observed);
+                .observe(p.expected, observed);
         }
     }
 
@@ -181,43 +181,108 @@ pub(crate) fn inline_cpu<T>(
     if inner.backends.is_empty() {
         return f();
     }
-    let _in_flight = InFlight::new(&inner.models[0].in_flight);
-    let Some(p) = predicted.filter(|_| {
-        inner
-            .samples
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(16)
-    }) else {
+    // Only the Throughput policy weighs the CPU's load.
+    let _in_flight = (inner.policy == crate::select::Policy::Throughput)
+        .then(|| InFlight::new(&inner.models[0].in_flight));
+    let Some(p) = predicted.filter(|_| sample_now()) else {
         return f();
     };
     // Real time: CPU work does not advance tokio's (possibly paused) clock.
     let start = std::time::Instant::now();
     let out = f();
     let observed = start.elapsed().as_nanos() as f64;
-    inner.models[0].entry(alg, dir).observe(p.base, observed);
+    inner.models[0].entry(alg, dir).observe(p.base, observed); // inline: no queue
     out
 }
 
-/// CPU requests at least this long leave the async worker for the blocking
-/// pool (≥ ~60 µs of AES-XTS or ~20 µs of GCM on the build machines).
-pub(crate) const CPU_BLOCKING_MIN: usize = 256 * 1024;
-
-/// CPU requests at least this long are also split over the cores.
-pub(crate) const CPU_SPLIT_MIN: usize = 1024 * 1024;
-
-/// Whether a CPU request of `len` bytes goes to the blocking pool (only
-/// inside a tokio runtime).
-pub(crate) fn cpu_blocking(len: usize) -> bool {
-    len >= CPU_BLOCKING_MIN && tokio::runtime::Handle::try_current().is_ok()
+/// One call in 16 on each thread (no shared counter to contend on).
+fn sample_now() -> bool {
+    thread_local! {
+        static TICK: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+    }
+    TICK.with(|t| {
+        let n = t.get().wrapping_add(1);
+        t.set(n);
+        n.is_multiple_of(16)
+    })
 }
 
-/// How many parts a CPU request of `len` bytes is split into.
-pub(crate) fn cpu_parts(inner: &Inner, len: usize) -> usize {
-    if len >= CPU_SPLIT_MIN {
-        inner.cores.clamp(1, 8)
-    } else {
+/// Spends tokio's cooperative budget for one request: one unit for an
+/// engine request or a small CPU one, and one per ~0.8 µs of predicted inline
+/// CPU work (at most 64) — so a task looping over inline requests yields to
+/// the scheduler about every 100 µs of work (tokio's budget is 128 units),
+/// and completions of other tasks' engine requests are not held up behind it.
+/// `false` when the budget ran out: the caller returns `Pending` (the waker
+/// is registered) and the request starts on the next poll.
+pub(crate) fn spend_budget(
+    cx: &mut core::task::Context<'_>,
+    inner: &Inner,
+    slot: usize,
+    alg: Algorithm,
+    dir: Direction,
+    len: usize,
+) -> bool {
+    let units = if slot != 0 || len < 4096 {
         1
+    } else {
+        let ns = match inner.models[0].entry(alg, dir).cost() {
+            Some(c) => c.latency_ns(len),
+            None => len as f64 / default_rate(alg, dir),
+        };
+        ((ns / 800.0) as u32).clamp(1, 64)
+    };
+    for _ in 0..units {
+        match tokio::task::coop::poll_proceed(cx) {
+            core::task::Poll::Ready(coop) => coop.made_progress(),
+            core::task::Poll::Pending => return false,
+        }
     }
+    true
+}
+
+/// A CPU job predicted to take at least this long leaves the async worker
+/// for the blocking pool. The hand-off costs ~30 µs of latency (measured
+/// with `offload bench`: a 256 KiB CRC-32C took 41 µs through the pool and
+/// 5 µs inline; a 1 MiB XTS unit ran at 3.3 GB/s through it against 4.2
+/// inline), so a job must be long for the hand-off to be small beside it.
+pub(crate) const CPU_BLOCKING_NS: f64 = 500_000.0;
+
+/// Each part of a job split over cores should be at least this long: a
+/// scoped thread costs ~30–50 µs to start and join.
+pub(crate) const CPU_SPLIT_PART_NS: f64 = 250_000.0;
+
+/// Rough single-core rates (bytes/ns) when the CPU model is uncalibrated:
+/// the build machines' numbers from the fallback's README, rounded down.
+fn default_rate(alg: Algorithm, dir: Direction) -> f64 {
+    use crate::alg::CipherMode;
+    match alg {
+        Algorithm::Crc(_) => 40.0,
+        Algorithm::Aead(_) => 8.0,
+        Algorithm::Cipher(c) => match (c.mode(), dir) {
+            (CipherMode::Cbc, Direction::Encrypt) => 0.8,
+            (CipherMode::Cbc, Direction::Decrypt) => 6.0,
+            (CipherMode::Ctr, _) => 6.0,
+            _ => 3.0,
+        },
+    }
+}
+
+/// How a CPU request of `len` bytes runs: `None` inline, or `Some(parts)`
+/// on the blocking pool in that many pieces (only inside a tokio runtime).
+pub(crate) fn cpu_plan(inner: &Inner, alg: Algorithm, dir: Direction, len: usize) -> Option<usize> {
+    // Cheap exit for the common small request.
+    if len < 64 * 1024 {
+        return None;
+    }
+    let ns = match inner.models[0].entry(alg, dir).cost() {
+        Some(c) => c.latency_ns(len),
+        None => len as f64 / default_rate(alg, dir),
+    };
+    if ns < CPU_BLOCKING_NS || tokio::runtime::Handle::try_current().is_err() {
+        return None;
+    }
+    let parts = ((ns / CPU_SPLIT_PART_NS) as usize).clamp(1, inner.cores.clamp(1, 8));
+    Some(parts)
 }
 
 /// Re-raises a blocking CPU job's panic (there is no buffer to hand back).

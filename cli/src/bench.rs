@@ -1,0 +1,461 @@
+//! `offload bench`: every backend and Auto, size by size, in one run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use cpu_time::ProcessTime;
+use crypto_offload::{
+    AeadSession, Algorithm, CipherMode, CipherSession, CrcSession, Direction, Offload,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::Backends;
+use crate::setup::{self, Error};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub backends: Backends,
+    /// Algorithms, comma-separated [default: aes-256-xts, aes-128-gcm,
+    /// crc-32/iscsi, and the main algorithm of each --sim engine].
+    #[arg(long = "alg", value_delimiter = ',')]
+    pub algs: Vec<String>,
+    /// Request sizes, comma-separated, with optional k/m suffixes
+    /// [default: 16,64,256,1k,4k,16k,64k,256k,1m,4m].
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<String>,
+    /// Measuring time per (backend, size) point, in milliseconds (each point
+    /// also runs at least 3 requests).
+    #[arg(long, default_value_t = 60)]
+    pub time_ms: u64,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
+    /// Print the results as JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Plot throughput against size (with break-evens marked) to FILE.svg or FILE.png.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+}
+
+/// Measuring rounds per point (interleaved across targets).
+const ROUNDS: u32 = 3;
+
+/// One measured point.
+#[derive(Debug, Clone, Serialize)]
+pub struct Point {
+    pub size: usize,
+    pub requests: u64,
+    /// Bytes per second.
+    pub throughput: f64,
+    /// Mean seconds per request (per stream).
+    pub latency: f64,
+    /// Process CPU nanoseconds per byte.
+    pub cpu_ns_per_byte: f64,
+}
+
+impl Point {
+    /// Two measurements of the same size as one.
+    fn merge(&self, other: &Point) -> Point {
+        let requests = self.requests + other.requests;
+        let bytes = requests as f64 * self.size as f64;
+        let secs = self.size as f64
+            * (self.requests as f64 / self.throughput + other.requests as f64 / other.throughput);
+        let cpu = self.cpu_ns_per_byte * (self.requests as f64 * self.size as f64)
+            + other.cpu_ns_per_byte * (other.requests as f64 * other.size as f64);
+        let streams = self.latency * self.requests as f64
+            / (self.size as f64 * self.requests as f64 / self.throughput);
+        Point {
+            size: self.size,
+            requests,
+            throughput: bytes / secs,
+            latency: secs * streams / requests as f64,
+            cpu_ns_per_byte: cpu / bytes.max(1.0),
+        }
+    }
+}
+
+/// A backend's (or Auto's) row of points.
+#[derive(Debug, Clone, Serialize)]
+pub struct Series {
+    pub backend: String,
+    pub points: Vec<Option<Point>>,
+}
+
+/// Everything measured for one algorithm.
+#[derive(Debug, Clone, Serialize)]
+pub struct AlgBench {
+    pub alg: String,
+    pub policy: String,
+    pub concurrency: usize,
+    pub sizes: Vec<usize>,
+    pub backends: Vec<Series>,
+    pub auto: Series,
+    /// What Auto chose per size (at rest, from `explain`).
+    pub auto_choice: Vec<String>,
+    /// The best single backend per size, and its throughput.
+    pub oracle: Vec<Option<(String, f64)>>,
+    /// Auto's throughput over the oracle's, per size.
+    pub auto_over_oracle: Vec<Option<f64>>,
+    /// Smallest size at which Auto leaves the CPU (from the model).
+    pub break_even: Option<usize>,
+}
+
+fn parse_size(s: &str) -> Result<usize, Error> {
+    let s = s.trim().to_ascii_lowercase();
+    let (num, mul) = match s.strip_suffix('k') {
+        Some(n) => (n, 1 << 10),
+        None => match s.strip_suffix('m') {
+            Some(n) => (n, 1 << 20),
+            None => (s.as_str(), 1),
+        },
+    };
+    Ok(num.parse::<usize>()? * mul)
+}
+
+pub fn human(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s.is_multiple_of(1 << 20) => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s.is_multiple_of(1 << 10) => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+/// Whether `alg` takes a `size`-byte request.
+fn fits(alg: Algorithm, size: usize) -> bool {
+    match alg {
+        Algorithm::Cipher(c) => match c.mode() {
+            CipherMode::Cbc => size.is_multiple_of(16),
+            CipherMode::Xts => size >= 16,
+            _ => true,
+        },
+        _ => true,
+    }
+}
+
+enum Session {
+    Cipher(Arc<CipherSession>),
+    Aead(Arc<AeadSession>),
+    Crc(Box<CrcSession>),
+}
+
+fn key(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(61).wrapping_add(3))
+        .collect()
+}
+
+async fn session(offload: &Offload, alg: Algorithm) -> Result<Session, Error> {
+    Ok(match alg {
+        Algorithm::Cipher(c) => {
+            Session::Cipher(Arc::new(offload.cipher(c, &key(c.key_len())).await?))
+        }
+        Algorithm::Aead(a) => Session::Aead(Arc::new(offload.aead(a, &key(a.key_len())).await?)),
+        Algorithm::Crc(c) => Session::Crc(Box::new(offload.crc(c).await?)),
+        _ => return Err("unsupported algorithm".into()),
+    })
+}
+
+impl Session {
+    /// A second handle for another task (CRC streams are per task).
+    async fn fork(&self, offload: &Offload, alg: Algorithm) -> Result<Session, Error> {
+        Ok(match self {
+            Session::Cipher(s) => Session::Cipher(s.clone()),
+            Session::Aead(s) => Session::Aead(s.clone()),
+            Session::Crc(_) => session(offload, alg).await?,
+        })
+    }
+
+    async fn once(&mut self, buf: Vec<u8>, i: u64) -> Result<Vec<u8>, Error> {
+        Ok(match self {
+            Session::Cipher(s) => s.encrypt(&u128::from(i).to_le_bytes(), buf).await?,
+            Session::Aead(s) => {
+                let mut nonce = [0u8; 12];
+                nonce[..8].copy_from_slice(&i.to_le_bytes());
+                s.seal_detached(&nonce, b"", buf).await?.0
+            }
+            Session::Crc(s) => s.update(buf).await?,
+        })
+    }
+}
+
+/// Runs `concurrency` streams of `size`-byte requests for `time` (and at
+/// least 3 requests each).
+pub async fn measure(
+    offload: &Offload,
+    alg: Algorithm,
+    size: usize,
+    time: Duration,
+    concurrency: usize,
+) -> Result<Point, Error> {
+    let first = session(offload, alg).await?;
+    // Warm up: opens the engine context (and resumes the device).
+    let mut warm = first.fork(offload, alg).await?;
+    warm.once(vec![0u8; size], u64::MAX).await?;
+    let mut streams = vec![first];
+    for _ in 1..concurrency.max(1) {
+        let s = streams[0].fork(offload, alg).await?;
+        streams.push(s);
+    }
+    let cpu = ProcessTime::now();
+    let start = Instant::now();
+    let deadline = start + time;
+    let mut tasks = Vec::new();
+    for (n, mut s) in streams.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let mut buf = vec![n as u8; size];
+            let mut count = 0u64;
+            while count < 3 || Instant::now() < deadline {
+                buf = s.once(buf, count).await?;
+                count += 1;
+            }
+            Ok::<u64, Error>(count)
+        }));
+    }
+    let mut requests = 0;
+    for t in tasks {
+        requests += t.await??;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let cpu = cpu.elapsed().as_nanos() as f64;
+    let bytes = requests as f64 * size as f64;
+    Ok(Point {
+        size,
+        requests,
+        throughput: bytes / elapsed,
+        latency: elapsed * concurrency.max(1) as f64 / requests as f64,
+        cpu_ns_per_byte: cpu / bytes.max(1.0),
+    })
+}
+
+pub async fn run(args: BenchArgs) -> Result<(), Error> {
+    let sims = setup::sims(&args.backends)?;
+    let mut algs: Vec<Algorithm> = args
+        .algs
+        .iter()
+        .map(|a| setup::algorithm(a))
+        .collect::<Result<_, _>>()?;
+    if algs.is_empty() {
+        for name in ["aes-256-xts", "aes-128-gcm", "CRC-32/ISCSI"] {
+            algs.push(setup::algorithm(name)?);
+        }
+        for sim in &sims {
+            let main = match sim.config().name.as_str() {
+                "sim:omap" => "aes-128-cbc",
+                "sim:qce" => "aes-256-xts",
+                "sim:mcrc64" => "CRC-64/NVME",
+                _ => "aes-128-gcm",
+            };
+            let a = setup::algorithm(main)?;
+            if !algs.contains(&a) {
+                algs.push(a);
+            }
+        }
+    }
+    let sizes: Vec<usize> = if args.sizes.is_empty() {
+        vec![
+            16,
+            64,
+            256,
+            1 << 10,
+            4 << 10,
+            16 << 10,
+            64 << 10,
+            256 << 10,
+            1 << 20,
+            4 << 20,
+        ]
+    } else {
+        args.sizes
+            .iter()
+            .map(|s| parse_size(s))
+            .collect::<Result<_, _>>()?
+    };
+    let time = Duration::from_millis(args.time_ms);
+
+    // One calibration, shared by Auto and the pinned runs.
+    let auto = setup::offload(&args.backends, &sims).await?;
+    let profile = auto.profile();
+    let names: Vec<String> = auto.backends().into_iter().map(|b| b.name).collect();
+
+    let targets: usize = algs
+        .iter()
+        .map(|&a| {
+            let backends = auto
+                .backends()
+                .into_iter()
+                .filter(|b| b.algorithms.contains(&a))
+                .count();
+            (backends + 1) * sizes.iter().filter(|&&s| fits(a, s)).count()
+        })
+        .sum();
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(targets as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+
+    let mut results = Vec::new();
+    for &alg in &algs {
+        // Every target for this algorithm: each backend pinned, then Auto.
+        let mut targets: Vec<(String, Offload)> = Vec::new();
+        for name in &names {
+            let runs = auto
+                .backends()
+                .into_iter()
+                .any(|b| &b.name == name && b.algorithms.contains(&alg));
+            if runs {
+                let pinned = setup::builder(&args.backends, &sims)?
+                    .profile(profile.clone())
+                    .pin(name.clone())
+                    .build()?;
+                targets.push((name.clone(), pinned));
+            }
+        }
+        targets.push(("auto".to_owned(), auto.clone()));
+        let mut rows: Vec<Vec<Option<Point>>> = vec![Vec::new(); targets.len()];
+        for &size in &sizes {
+            if !fits(alg, size) {
+                rows.iter_mut().for_each(|r| r.push(None));
+                continue;
+            }
+            // Interleaved rounds, so a drift in the machine's speed touches
+            // every target alike.
+            let mut acc: Vec<Option<Point>> = vec![None; targets.len()];
+            for _ in 0..ROUNDS {
+                for (t, (name, offload)) in targets.iter().enumerate() {
+                    bar.set_message(format!("{} {name} {}", alg.name(), human(size)));
+                    let p = measure(offload, alg, size, time / ROUNDS, args.concurrency).await?;
+                    acc[t] = Some(match acc[t].take() {
+                        None => p,
+                        Some(a) => a.merge(&p),
+                    });
+                }
+            }
+            for (row, p) in rows.iter_mut().zip(acc) {
+                row.push(p);
+                bar.inc(1);
+            }
+        }
+        let auto_points = rows.pop().unwrap_or_default();
+        let backends: Vec<Series> = targets
+            .iter()
+            .zip(rows)
+            .map(|((name, _), points)| Series {
+                backend: name.clone(),
+                points,
+            })
+            .collect();
+        let auto_choice = sizes
+            .iter()
+            .map(|&size| auto.explain(alg, Direction::Encrypt, size).choice)
+            .collect();
+        let mut oracle = Vec::new();
+        let mut ratio = Vec::new();
+        for (i, a) in auto_points.iter().enumerate() {
+            let best = backends
+                .iter()
+                .filter_map(|s| {
+                    s.points[i]
+                        .as_ref()
+                        .map(|p| (s.backend.clone(), p.throughput))
+                })
+                .max_by(|x, y| x.1.total_cmp(&y.1));
+            ratio.push(match (a, &best) {
+                (Some(a), Some((_, b))) => Some(a.throughput / b),
+                _ => None,
+            });
+            oracle.push(best);
+        }
+        results.push(AlgBench {
+            alg: alg.name().to_owned(),
+            policy: auto.policy().to_string(),
+            concurrency: args.concurrency,
+            sizes: sizes.clone(),
+            backends,
+            auto: Series {
+                backend: "auto".to_owned(),
+                points: auto_points,
+            },
+            auto_choice,
+            oracle,
+            auto_over_oracle: ratio,
+            break_even: auto.break_even(alg, Direction::Encrypt),
+        });
+    }
+    bar.finish_and_clear();
+
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        for r in &results {
+            print_table(r);
+        }
+    }
+    if let Some(path) = &args.plot {
+        crate::plot::draw(path, &results)?;
+        if !args.json {
+            println!("plot written to {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn print_table(r: &AlgBench) {
+    let be = r
+        .break_even
+        .map_or("none (the CPU wins at every size)".to_owned(), human);
+    println!(
+        "\n{} — encrypt, {} stream(s), Auto policy {}, break-even {}",
+        r.alg, r.concurrency, r.policy, be
+    );
+    print!("{:>8}", "size");
+    for s in &r.backends {
+        print!(" | {:>26}", format!("{} GB/s µs ns/B", s.backend));
+    }
+    println!(
+        " | {:>22} | {:>12} | {:>6}",
+        "auto GB/s (choice)", "oracle", "auto/oracle"
+    );
+    for (i, &size) in r.sizes.iter().enumerate() {
+        print!("{:>8}", human(size));
+        for s in &r.backends {
+            match &s.points[i] {
+                Some(p) => print!(
+                    " | {:>8.3} {:>9.1} {:>7.3}",
+                    p.throughput / 1e9,
+                    p.latency * 1e6,
+                    p.cpu_ns_per_byte
+                ),
+                None => print!(" | {:>26}", "-"),
+            }
+        }
+        match (&r.auto.points[i], &r.oracle[i], r.auto_over_oracle[i]) {
+            (Some(a), Some((name, _)), Some(ratio)) => println!(
+                " | {:>8.3} ({:>11}) | {:>12} | {:>6.3}",
+                a.throughput / 1e9,
+                r.auto_choice[i],
+                name,
+                ratio
+            ),
+            _ => println!(" | {:>22} | {:>12} | {:>6}", "-", "-", "-"),
+        }
+    }
+    if let Some(min) = r
+        .auto_over_oracle
+        .iter()
+        .flatten()
+        .copied()
+        .reduce(f64::min)
+    {
+        println!("min auto/oracle over sizes: {min:.3}");
+    }
+}

@@ -1,0 +1,115 @@
+//! `offload`: what engines this machine has, and whether they are worth it.
+//!
+//! ```text
+//! offload probe                      # backends, algorithms, availability, power
+//! offload bench [--sim qce] [--plot throughput.svg] [--json]
+//! offload calibrate --out profile.toml
+//! offload explain --alg aes-256-xts --size 65536 --sim qce
+//! offload scenario omap|qce|mcrc64|eip197
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+mod bench;
+mod plot;
+mod scenario;
+mod setup;
+
+#[derive(Parser)]
+#[command(
+    name = "offload",
+    version,
+    about = "Probe, benchmark and calibrate crypto engines against the CPU"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Which backends to use besides the CPU and what is found on this machine.
+#[derive(Args, Clone, Debug, Default)]
+pub struct Backends {
+    /// Add a simulated engine (repeatable): omap, qce, mcrc64, eip197.
+    #[arg(long = "sim", value_name = "PRESET")]
+    pub sims: Vec<String>,
+    /// Selection policy for Auto: latency, throughput, cpu-saving[=MS].
+    #[arg(long, default_value = "latency")]
+    pub policy: String,
+    /// Load the cost model from a saved profile instead of calibrating.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the backends found here, their algorithms, why any is unavailable, and their power state.
+    Probe {
+        #[command(flatten)]
+        backends: Backends,
+    },
+    /// Per size: throughput, latency and CPU time per byte of every backend and of Auto,
+    /// the per-size best backend (oracle), Auto/oracle and the break-even size.
+    Bench(bench::BenchArgs),
+    /// Measure the cost model and print (or save) it as a TOML profile.
+    Calibrate {
+        #[command(flatten)]
+        backends: Backends,
+        /// Write the profile here.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Show where a request would run, with every candidate's predicted cost.
+    Explain {
+        #[command(flatten)]
+        backends: Backends,
+        /// Algorithm, e.g. aes-256-xts, aes-128-gcm, crc-32/iscsi.
+        #[arg(long)]
+        alg: String,
+        /// Request size in bytes.
+        #[arg(long)]
+        size: usize,
+        /// Explain a decryption / open.
+        #[arg(long)]
+        decrypt: bool,
+    },
+    /// Replay one of the seed scenarios on its simulated engine.
+    Scenario(scenario::ScenarioArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("offload: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Probe { backends } => setup::probe(&backends).await,
+            Command::Bench(args) => bench::run(args).await,
+            Command::Calibrate { backends, out } => setup::calibrate(&backends, out).await,
+            Command::Explain {
+                backends,
+                alg,
+                size,
+                decrypt,
+            } => setup::explain(&backends, &alg, size, decrypt).await,
+            Command::Scenario(args) => scenario::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("offload: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! `offload scenario`: the four seed scenarios, replayed on their simulated
+//! engines with the real clock (the tests replay them on a paused one).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use cpu_time::ProcessTime;
+use crypto_offload::{
+    AeadAlg, Backend, CipherAlg, CrcAlg, Direction, Offload, Policy, SimConfig, SimEngine,
+};
+
+use crate::bench::{human, measure};
+use crate::setup::Error;
+
+#[derive(Args, Debug)]
+pub struct ScenarioArgs {
+    /// omap, qce, mcrc64 or eip197.
+    pub name: String,
+    /// Seconds per measured run (qce, eip197).
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+}
+
+pub async fn run(args: ScenarioArgs) -> Result<(), Error> {
+    let time = Duration::from_secs_f64(args.seconds);
+    match args.name.as_str() {
+        "omap" => omap().await,
+        "qce" => qce(time).await,
+        "mcrc64" => mcrc64().await,
+        "eip197" => eip197(time).await,
+        other => Err(format!("unknown scenario {other:?}: omap, qce, mcrc64, eip197").into()),
+    }
+}
+
+fn key(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(41).wrapping_add(9))
+        .collect()
+}
+
+/// OMAP AES: 20 MB in 4 KiB requests, power per session against per request.
+async fn omap() -> Result<(), Error> {
+    println!(
+        "OMAP AES (sim:omap: 45 MiB/s, 40 µs a request, 120 µs resume): 20 MB of AES-128-CBC in 4 KiB requests"
+    );
+    println!(
+        "{:<12} {:>9} {:>10} {:>9} {:>8} {:>9}",
+        "power", "requests", "seconds", "MB/s", "resumes", "suspends"
+    );
+    let mut rates = Vec::new();
+    for per_request in [false, true] {
+        let mut config = SimConfig::preset("omap").ok_or("no omap preset")?;
+        if let Some(p) = &mut config.power {
+            p.per_request = per_request;
+        }
+        let sim = Arc::new(SimEngine::new(config));
+        let offload = Offload::builder()
+            .backend(sim.clone())
+            .pin("sim:omap")
+            .build()?;
+        let s = offload.cipher(CipherAlg::Aes128Cbc, &key(16)).await?;
+        let requests = (20 << 20) / 4096;
+        let start = Instant::now();
+        let mut buf = vec![0u8; 4096];
+        for i in 0..requests {
+            buf = s.encrypt(&(i as u128).to_be_bytes(), buf).await?;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        drop(s);
+        // Past the autosuspend delay, so the per-session suspend is counted.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let p = sim.power().map(|p| p.stats()).unwrap_or_default();
+        let rate = (20 << 20) as f64 / secs / 1e6;
+        rates.push(rate);
+        println!(
+            "{:<12} {:>9} {:>10.3} {:>9.1} {:>8} {:>9}",
+            if per_request {
+                "per request"
+            } else {
+                "per session"
+            },
+            requests,
+            secs,
+            rate,
+            p.resumes,
+            p.suspends
+        );
+    }
+    println!(
+        "per-session / per-request throughput: {:.2}x",
+        rates[0] / rates[1]
+    );
+    Ok(())
+}
+
+/// Runs `clients` streams of 64 KiB XTS for `time` through `offload`.
+async fn stream_rate(offload: &Offload, clients: usize, time: Duration) -> Result<f64, Error> {
+    let alg = crypto_offload::Algorithm::Cipher(CipherAlg::Aes256Xts);
+    Ok(measure(offload, alg, 64 << 10, time, clients)
+        .await?
+        .throughput)
+}
+
+/// Qualcomm CE / crypto4xx: a slow engine that still adds capacity when the
+/// CPU is also busy with other work.
+async fn qce(time: Duration) -> Result<(), Error> {
+    let clients = 16;
+    println!(
+        "Qualcomm CE / crypto4xx (sim:qce: 500 MiB/s XTS, 25 µs a request): {clients} clients of 64 KiB AES-256-XTS,\n\
+         with one thread of competing CPU-bound work running throughout; {:.1} s a run;\n\
+         the simulator skips computing results here (capacity only: see SimConfig::compute_results)",
+        time.as_secs_f64()
+    );
+    let mut config = SimConfig::preset("qce").ok_or("no qce preset")?;
+    // Capacity, not correctness: with computed results every simulated byte
+    // is also a CPU byte (the simulator runs the CPU code), which would be
+    // charged to the very CPU the engine is meant to relieve.
+    config.compute_results = false;
+    let sim = Arc::new(SimEngine::new(config));
+    let calibrated = Offload::builder().backend(sim.clone()).build()?;
+    calibrated.calibrate().await?;
+    let profile = calibrated.profile();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut x = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        })
+    };
+    let build = |pin: Option<&str>, policy: Policy| {
+        let mut b = Offload::builder()
+            .backend(sim.clone())
+            .profile(profile.clone())
+            .policy(policy);
+        if let Some(p) = pin {
+            b = b.pin(p);
+        }
+        b.build()
+    };
+    let cpu = stream_rate(&build(Some("cpu"), Policy::Latency)?, clients, time).await?;
+    let engine = stream_rate(&build(Some("sim:qce"), Policy::Latency)?, clients, time).await?;
+    let latency = stream_rate(&build(None, Policy::Latency)?, clients, time).await?;
+    let throughput_offload = build(None, Policy::Throughput)?;
+    let throughput = stream_rate(&throughput_offload, clients, time).await?;
+    stop.store(true, Ordering::Relaxed);
+    let _ = spinner.join();
+    let shares = throughput_offload.backends();
+    println!("{:<30} {:>8}", "run", "GB/s");
+    println!("{:<30} {:>8.3}", "CPU only", cpu / 1e9);
+    println!("{:<30} {:>8.3}", "engine only", engine / 1e9);
+    println!("{:<30} {:>8.3}", "sum of both", (cpu + engine) / 1e9);
+    println!("{:<30} {:>8.3}", "Auto, Latency policy", latency / 1e9);
+    println!(
+        "{:<30} {:>8.3}",
+        "Auto, Throughput policy",
+        throughput / 1e9
+    );
+    println!(
+        "Throughput policy / sum of capacities: {:.3}  (requests: cpu {}, engine {})",
+        throughput / (cpu + engine),
+        shares[0].stats.requests,
+        shares[1].stats.requests
+    );
+    Ok(())
+}
+
+/// TI MCRC64: 25 ms of setup a request. Latency keeps CRC on the CPU at
+/// every size; CpuSaving hands the engine only what is above the break-even.
+async fn mcrc64() -> Result<(), Error> {
+    let alg = crypto_offload::Algorithm::Crc(CrcAlg::Crc64Nvme);
+    let bound = Duration::from_millis(100);
+    let sim = Arc::new(SimEngine::preset("mcrc64").ok_or("no mcrc64 preset")?);
+    let latency = Offload::builder().backend(sim.clone()).build()?;
+    latency.calibrate().await?;
+    let saving = Offload::builder()
+        .backend(sim.clone())
+        .profile(latency.profile())
+        .policy(Policy::CpuSaving { max_latency: bound })
+        .build()?;
+    println!(
+        "TI MCRC64 (sim:mcrc64: 25 ms setup, 812 MB/s) against this CPU's CRC-64/NVME; CpuSaving bound {bound:?}"
+    );
+    println!(
+        "{:>8} | {:>12} {:>12} | {:>12} {:>12} | {:>10} {:>12}",
+        "size", "cpu latency", "cpu time", "engine lat.", "engine cpu", "Latency", "CpuSaving"
+    );
+    for k in (4..=30).step_by(2) {
+        let len = 1usize << k;
+        let e = latency.explain(alg, Direction::Encrypt, len);
+        let s = saving.explain(alg, Direction::Encrypt, len);
+        let c = &e.candidates;
+        println!(
+            "{:>8} | {:>12?} {:>12?} | {:>12?} {:>12?} | {:>10} {:>12}",
+            human(len),
+            c[0].latency.unwrap_or_default(),
+            c[0].cpu_time.unwrap_or_default(),
+            c[1].latency.unwrap_or_default(),
+            c[1].cpu_time.unwrap_or_default(),
+            e.choice,
+            s.choice
+        );
+    }
+    let be = saving.break_even(alg, Direction::Encrypt);
+    println!(
+        "break-even: Latency {}, CpuSaving {}",
+        latency
+            .break_even(alg, Direction::Encrypt)
+            .map_or("none".into(), human),
+        be.map_or("none".into(), human)
+    );
+    // What it saves: the CPU time of 16 MiB requests either way.
+    let len = 16 << 20;
+    for (name, offload) in [("Latency (CPU)", &latency), ("CpuSaving (engine)", &saving)] {
+        let mut s = offload.crc(CrcAlg::Crc64Nvme).await?;
+        let buf = vec![7u8; len];
+        let (cpu, wall) = (ProcessTime::now(), Instant::now());
+        let mut buf = buf;
+        for _ in 0..4 {
+            buf = s.update(buf).await?;
+        }
+        println!(
+            "4 x {} under {name}: {:>10?} wall, {:>10?} CPU",
+            human(len),
+            wall.elapsed(),
+            cpu.elapsed()
+        );
+    }
+    Ok(())
+}
+
+/// Inside-Secure EIP-197: completions of four rings spread over the worker
+/// threads, against one ring of the same total bandwidth.
+async fn eip197(time: Duration) -> Result<(), Error> {
+    let clients = 64;
+    let size = 1500;
+    println!(
+        "EIP-197 (sim:eip197: 4 µs of interrupt handling per completion): {clients} clients of {size}-byte AES-128-GCM seals, {:.1} s a run",
+        time.as_secs_f64()
+    );
+    println!("{:<34} {:>10} {:>8}", "rings", "kpps", "MB/s");
+    let mut rates = Vec::new();
+    for rings in [1usize, 4] {
+        let mut config = SimConfig::preset("eip197").ok_or("no eip197 preset")?;
+        config.bandwidth *= 4.0 / rings as f64; // the same total bandwidth
+        config.queues = rings;
+        let offload = Offload::builder()
+            .backend(Arc::new(SimEngine::new(config)))
+            .pin("sim:eip197")
+            .build()?;
+        let p = measure(
+            &offload,
+            crypto_offload::Algorithm::Aead(AeadAlg::Aes128Gcm),
+            size,
+            time,
+            clients,
+        )
+        .await?;
+        let pps = p.throughput / size as f64;
+        rates.push(pps);
+        println!(
+            "{:<34} {:>10.1} {:>8.1}",
+            format!(
+                "{rings} ring(s), completions {}",
+                if rings == 1 {
+                    "on one handler"
+                } else {
+                    "spread"
+                }
+            ),
+            pps / 1e3,
+            p.throughput / 1e6
+        );
+    }
+    println!("spread / one ring: {:.2}x", rates[1] / rates[0]);
+    Ok(())
+}

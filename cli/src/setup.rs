@@ -1,0 +1,149 @@
+//! Building `Offload`s from the command line, and the small commands.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crypto_offload::{Algorithm, Direction, Offload, OffloadBuilder, Policy, Profile, SimEngine};
+
+use crate::Backends;
+
+/// The error every command returns: a message for the user.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Parses `latency`, `throughput`, `cpu-saving` or `cpu-saving=MS`.
+pub fn policy(s: &str) -> Result<Policy, Error> {
+    Ok(match s.split_once('=') {
+        None if s == "latency" => Policy::Latency,
+        None if s == "throughput" => Policy::Throughput,
+        None if s == "cpu-saving" => Policy::CpuSaving {
+            max_latency: Duration::from_millis(100),
+        },
+        Some(("cpu-saving", ms)) => Policy::CpuSaving {
+            max_latency: Duration::from_millis(ms.parse()?),
+        },
+        _ => {
+            return Err(
+                format!("unknown policy {s:?} (latency, throughput, cpu-saving[=MS])").into(),
+            );
+        }
+    })
+}
+
+/// Parses an algorithm name (`aes-256-xts`, `crc-32/iscsi`, …).
+pub fn algorithm(s: &str) -> Result<Algorithm, Error> {
+    Algorithm::all()
+        .find(|a| a.name().eq_ignore_ascii_case(s))
+        .ok_or_else(|| {
+            let names: Vec<&str> = Algorithm::all().map(|a| a.name()).collect();
+            format!("unknown algorithm {s:?}; one of: {}", names.join(", ")).into()
+        })
+}
+
+/// The simulated engines named on the command line.
+pub fn sims(b: &Backends) -> Result<Vec<Arc<SimEngine>>, Error> {
+    b.sims
+        .iter()
+        .map(|name| {
+            SimEngine::preset(name).map(Arc::new).ok_or_else(|| {
+                format!(
+                    "unknown --sim {name:?}; presets: {}",
+                    crypto_offload::SimConfig::PRESETS.join(", ")
+                )
+                .into()
+            })
+        })
+        .collect()
+}
+
+/// A builder with the CPU, the simulated engines and the policy.
+pub fn builder(b: &Backends, sims: &[Arc<SimEngine>]) -> Result<OffloadBuilder, Error> {
+    let mut builder = Offload::builder().policy(policy(&b.policy)?);
+    for sim in sims {
+        builder = builder.backend(sim.clone());
+    }
+    if let Some(path) = &b.profile {
+        builder = builder.profile(Profile::from_toml(&std::fs::read_to_string(path)?)?);
+    }
+    Ok(builder)
+}
+
+/// A calibrated (or profiled) `Offload`.
+pub async fn offload(b: &Backends, sims: &[Arc<SimEngine>]) -> Result<Offload, Error> {
+    let offload = builder(b, sims)?.build()?;
+    if b.profile.is_none() {
+        offload.calibrate().await?;
+    }
+    Ok(offload)
+}
+
+pub async fn probe(b: &Backends) -> Result<(), Error> {
+    let sims = sims(b)?;
+    let offload = offload(b, &sims).await?;
+    println!(
+        "{:<14} {:<10} {:<12} {:<44} algorithms",
+        "backend", "kind", "power", "status"
+    );
+    for info in offload.backends() {
+        let power = match info.power {
+            None => "-".to_owned(),
+            Some(p) => format!(
+                "{} r{}/s{}",
+                if p.powered { "on" } else { "off" },
+                p.resumes,
+                p.suspends
+            ),
+        };
+        let status = info
+            .unavailable
+            .clone()
+            .unwrap_or_else(|| "available".to_owned());
+        let algs: Vec<&str> = info.algorithms.iter().map(|a| a.name()).collect();
+        println!(
+            "{:<14} {:<10} {:<12} {:<44} {}",
+            info.name,
+            format!("{:?}", info.kind).to_lowercase(),
+            power,
+            status,
+            algs.join(" ")
+        );
+    }
+    println!(
+        "\nAF_ALG: not compiled into this build (its backend lands with its own issue); this host's kernel has no AF_ALG either."
+    );
+    println!("VFIO: not compiled into this build (its backend lands with its own issue).");
+    Ok(())
+}
+
+pub async fn calibrate(b: &Backends, out: Option<PathBuf>) -> Result<(), Error> {
+    let sims = sims(b)?;
+    let offload = builder(b, &sims)?.build()?;
+    let started = std::time::Instant::now();
+    offload.calibrate().await?;
+    let toml = offload.profile().to_toml()?;
+    match out {
+        Some(path) => {
+            std::fs::write(&path, toml)?;
+            eprintln!(
+                "calibrated {} backends in {:.0} ms; profile written to {}",
+                offload.backends().len(),
+                started.elapsed().as_secs_f64() * 1e3,
+                path.display()
+            );
+        }
+        None => print!("{toml}"),
+    }
+    Ok(())
+}
+
+pub async fn explain(b: &Backends, alg: &str, size: usize, decrypt: bool) -> Result<(), Error> {
+    let sims = sims(b)?;
+    let offload = offload(b, &sims).await?;
+    let dir = if decrypt {
+        Direction::Decrypt
+    } else {
+        Direction::Encrypt
+    };
+    print!("{}", offload.explain(algorithm(alg)?, dir, size));
+    Ok(())
+}
