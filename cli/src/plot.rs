@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use crate::bench::{AlgBench, Series, human};
 use crate::setup::Error;
 
-/// Where PNG text comes from (SVG needs no font).
+/// Where the plot's text metrics and glyphs come from.
 const FONTS: [&str; 2] = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
@@ -20,19 +20,21 @@ pub fn draw(path: &Path, results: &[AlgBench]) -> Result<(), Error> {
         return Ok(());
     }
     let size = (1000, 440 * u32::try_from(results.len()).unwrap_or(1));
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("png") => {
-            let font = FONTS
-                .iter()
-                .find_map(|f| std::fs::read(f).ok())
-                .ok_or("PNG plots need the DejaVu Sans font (apt-get install fonts-dejavu-core); SVG plots do not")?;
-            let font: &'static [u8] = Box::leak(font.into_boxed_slice());
-            plotters::style::register_font("sans-serif", FontStyle::Normal, font)
-                .map_err(|_| "the DejaVu Sans font did not load")?;
-            render(BitMapBackend::new(path, size).into_drawing_area(), results)
-        }
-        Some("svg") => render(SVGBackend::new(path, size).into_drawing_area(), results),
-        _ => Err("--plot takes a .svg or .png file".into()),
+    let ext = path.extension().and_then(|e| e.to_str());
+    if !matches!(ext, Some("png" | "svg")) {
+        return Err("--plot takes a .svg or .png file".into());
+    }
+    let font = FONTS
+        .iter()
+        .find_map(|f| std::fs::read(f).ok())
+        .ok_or("plots need the DejaVu Sans font (apt-get install fonts-dejavu-core)")?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| "the DejaVu Sans font did not load")?;
+    if ext == Some("png") {
+        render(BitMapBackend::new(path, size).into_drawing_area(), results)
+    } else {
+        render(SVGBackend::new(path, size).into_drawing_area(), results)
     }
 }
 

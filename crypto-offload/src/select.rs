@@ -224,7 +224,21 @@ impl Inner {
 
     /// The slot a request runs on (0 = CPU), with its prediction when the
     /// choice was made from the model.
+    #[inline]
     pub(crate) fn choose(
+        &self,
+        alg: Algorithm,
+        dir: Direction,
+        len: usize,
+    ) -> (usize, Option<Prediction>) {
+        // The CPU alone: nothing to choose (and nothing to predict).
+        if self.backends.is_empty() && self.pinned.is_none() {
+            return (0, None);
+        }
+        self.choose_among(alg, dir, len)
+    }
+
+    fn choose_among(
         &self,
         alg: Algorithm,
         dir: Direction,
@@ -232,9 +246,6 @@ impl Inner {
     ) -> (usize, Option<Prediction>) {
         if let Some(p) = self.pinned {
             return (p, self.predict(p, alg, dir, len).ok());
-        }
-        if self.backends.is_empty() {
-            return (0, None);
         }
         let best = match self.policy {
             Policy::Latency => match self.cpu_clearly_wins(alg, dir, len) {

@@ -214,6 +214,7 @@ fn sample_now() -> bool {
 /// and completions of other tasks' engine requests are not held up behind it.
 /// `false` when the budget ran out: the caller returns `Pending` (the waker
 /// is registered) and the request starts on the next poll.
+#[inline]
 pub(crate) fn spend_budget(
     cx: &mut core::task::Context<'_>,
     inner: &Inner,
@@ -222,15 +223,32 @@ pub(crate) fn spend_budget(
     dir: Direction,
     len: usize,
 ) -> bool {
-    let units = if slot != 0 || len < 4096 {
-        1
-    } else {
-        let ns = match inner.models[0].entry(alg, dir).cost() {
-            Some(c) => c.latency_ns(len),
-            None => len as f64 / default_rate(alg, dir),
+    if slot != 0 || len < 4096 {
+        return match tokio::task::coop::poll_proceed(cx) {
+            core::task::Poll::Ready(coop) => {
+                coop.made_progress();
+                true
+            }
+            core::task::Poll::Pending => false,
         };
-        ((ns / 800.0) as u32).clamp(1, 64)
+    }
+    spend_units(cx, inner, alg, dir, len)
+}
+
+/// [`spend_budget`] for a larger CPU request: units in proportion to its
+/// predicted time.
+fn spend_units(
+    cx: &mut core::task::Context<'_>,
+    inner: &Inner,
+    alg: Algorithm,
+    dir: Direction,
+    len: usize,
+) -> bool {
+    let ns = match inner.models[0].entry(alg, dir).cost() {
+        Some(c) => c.latency_ns(len),
+        None => len as f64 / default_rate(alg, dir),
     };
+    let units = ((ns / 800.0) as u32).clamp(1, 64);
     for _ in 0..units {
         match tokio::task::coop::poll_proceed(cx) {
             core::task::Poll::Ready(coop) => coop.made_progress(),
@@ -269,11 +287,16 @@ fn default_rate(alg: Algorithm, dir: Direction) -> f64 {
 
 /// How a CPU request of `len` bytes runs: `None` inline, or `Some(parts)`
 /// on the blocking pool in that many pieces (only inside a tokio runtime).
+#[inline]
 pub(crate) fn cpu_plan(inner: &Inner, alg: Algorithm, dir: Direction, len: usize) -> Option<usize> {
     // Cheap exit for the common small request.
     if len < 64 * 1024 {
         return None;
     }
+    cpu_plan_large(inner, alg, dir, len)
+}
+
+fn cpu_plan_large(inner: &Inner, alg: Algorithm, dir: Direction, len: usize) -> Option<usize> {
     let ns = match inner.models[0].entry(alg, dir).cost() {
         Some(c) => c.latency_ns(len),
         None => len as f64 / default_rate(alg, dir),

@@ -1,0 +1,148 @@
+//! The `offload` binary end to end: every subcommand runs, and what it
+//! prints parses and holds together.
+
+use std::process::Command;
+
+fn offload(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_offload"))
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn probe_lists_the_cpu_and_the_simulated_engines() {
+    let (ok, out, err) = offload(&["probe", "--sim", "qce", "--sim", "mcrc64"]);
+    assert!(ok, "{err}");
+    for name in ["cpu", "sim:qce", "sim:mcrc64", "AF_ALG", "VFIO"] {
+        assert!(out.contains(name), "{name} missing from:\n{out}");
+    }
+    assert!(out.contains("CRC-64/NVME"));
+}
+
+#[test]
+fn bench_json_has_every_backend_auto_and_the_oracle_per_size() {
+    let (ok, out, err) = offload(&[
+        "bench",
+        "--sim",
+        "qce",
+        "--alg",
+        "aes-256-xts",
+        "--sizes",
+        "16,4k,64k",
+        "--time-ms",
+        "20",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let r = &v[0];
+    assert_eq!(r["alg"], "aes-256-xts");
+    assert_eq!(r["sizes"].as_array().map(Vec::len), Some(3));
+    let names: Vec<&str> = r["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["backend"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["cpu", "sim:qce"]);
+    for i in 0..3 {
+        let auto = r["auto"]["points"][i]["throughput"].as_f64().unwrap();
+        let ratio = r["auto_over_oracle"][i].as_f64().unwrap();
+        assert!(auto > 0.0 && ratio > 0.0);
+        assert!(r["oracle"][i][0].is_string());
+    }
+}
+
+#[test]
+fn bench_tables_and_an_svg_plot() {
+    let dir = std::env::temp_dir().join(format!("offload-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("plot.svg");
+    let (ok, out, err) = offload(&[
+        "bench",
+        "--alg",
+        "crc-32/iscsi",
+        "--sizes",
+        "64,1k",
+        "--time-ms",
+        "10",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("CRC-32/ISCSI") && out.contains("auto/oracle"),
+        "{out}"
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") && text.contains("CRC-32/ISCSI"));
+    let (ok, _, err) = offload(&[
+        "bench",
+        "--sizes",
+        "64",
+        "--time-ms",
+        "5",
+        "--plot",
+        "x.bmp",
+    ]);
+    assert!(!ok && err.contains(".svg or .png"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn calibrate_writes_a_profile_that_bench_and_explain_load() {
+    let dir = std::env::temp_dir().join(format!("offload-cli-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let profile = dir.join("profile.toml");
+    let (ok, _, err) = offload(&[
+        "calibrate",
+        "--sim",
+        "mcrc64",
+        "--out",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(text.contains("[[entry]]") && text.contains("sim:mcrc64"));
+    let (ok, out, err) = offload(&[
+        "explain",
+        "--sim",
+        "mcrc64",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--policy",
+        "cpu-saving=1000",
+        "--alg",
+        "crc-64/nvme",
+        "--size",
+        "8388608",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("sim:mcrc64") && out.contains("cpu-saving"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_arguments_are_errors_not_panics() {
+    for args in [
+        &["bench", "--sim", "nope"][..],
+        &["bench", "--alg", "rot13"],
+        &["bench", "--policy", "fastest"],
+        &["bench", "--sizes", "12q"],
+        &["explain", "--alg", "aes-128-gcm", "--size", "x"],
+        &["scenario", "nope"],
+    ] {
+        let (ok, _, err) = offload(args);
+        assert!(!ok, "{args:?} should fail");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
