@@ -29,7 +29,7 @@ pub struct BenchArgs {
     pub sizes: Vec<String>,
     /// Measuring time per (backend, size) point, in milliseconds (each point
     /// also runs at least 3 requests).
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 100)]
     pub time_ms: u64,
     /// Requests in flight at once.
     #[arg(long, default_value_t = 1)]
@@ -42,8 +42,9 @@ pub struct BenchArgs {
     pub plot: Option<PathBuf>,
 }
 
-/// Measuring rounds per point (interleaved across targets).
-const ROUNDS: u32 = 3;
+/// Measuring rounds per point, interleaved across targets; each target's
+/// best round counts (the usual defence against a busy or throttled host).
+const ROUNDS: u32 = 10;
 
 /// One measured point.
 #[derive(Debug, Clone, Serialize)]
@@ -56,27 +57,6 @@ pub struct Point {
     pub latency: f64,
     /// Process CPU nanoseconds per byte.
     pub cpu_ns_per_byte: f64,
-}
-
-impl Point {
-    /// Two measurements of the same size as one.
-    fn merge(&self, other: &Point) -> Point {
-        let requests = self.requests + other.requests;
-        let bytes = requests as f64 * self.size as f64;
-        let secs = self.size as f64
-            * (self.requests as f64 / self.throughput + other.requests as f64 / other.throughput);
-        let cpu = self.cpu_ns_per_byte * (self.requests as f64 * self.size as f64)
-            + other.cpu_ns_per_byte * (other.requests as f64 * other.size as f64);
-        let streams = self.latency * self.requests as f64
-            / (self.size as f64 * self.requests as f64 / self.throughput);
-        Point {
-            size: self.size,
-            requests,
-            throughput: bytes / secs,
-            latency: secs * streams / requests as f64,
-            cpu_ns_per_byte: cpu / bytes.max(1.0),
-        }
-    }
 }
 
 /// A backend's (or Auto's) row of points.
@@ -335,8 +315,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                     bar.set_message(format!("{} {name} {}", alg.name(), human(size)));
                     let p = measure(offload, alg, size, time / ROUNDS, args.concurrency).await?;
                     acc[t] = Some(match acc[t].take() {
-                        None => p,
-                        Some(a) => a.merge(&p),
+                        Some(a) if a.throughput >= p.throughput => a,
+                        _ => p,
                     });
                 }
             }

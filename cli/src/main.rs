@@ -41,6 +41,12 @@ pub struct Backends {
     /// Load the cost model from a saved profile instead of calibrating.
     #[arg(long, value_name = "FILE")]
     pub profile: Option<PathBuf>,
+    /// Let the simulated engines skip computing results: for capacity runs
+    /// (Throughput, CpuSaving), where the simulator's own CPU work — every
+    /// simulated byte is also computed by the CPU code — would be charged to
+    /// the CPU the engine is meant to relieve. Results are then wrong.
+    #[arg(long)]
+    pub sim_skip_results: bool,
 }
 
 #[derive(Subcommand)]

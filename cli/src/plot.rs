@@ -71,8 +71,9 @@ fn panel<DB: DrawingBackend>(
     if gbps.is_empty() {
         return Ok(());
     }
-    let xmin = *r.sizes.iter().min().unwrap_or(&16) as f64;
-    let xmax = *r.sizes.iter().max().unwrap_or(&16) as f64;
+    // x is log2(size), so ticks fall on powers of two.
+    let xmin = (*r.sizes.iter().min().unwrap_or(&16) as f64).log2().floor();
+    let xmax = (*r.sizes.iter().max().unwrap_or(&16) as f64).log2().ceil();
     let mut chart = ChartBuilder::on(area)
         .caption(
             format!(
@@ -92,8 +93,15 @@ fn panel<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc("request size")
         .y_desc("GB/s")
-        .x_label_formatter(&|x| human(*x as usize))
-        .y_label_formatter(&|y| format!("{y:.2}"))
+        .x_labels(4 * (xmax - xmin) as usize)
+        .x_label_formatter(&|x| human(x.exp2().round() as usize))
+        .y_label_formatter(&|y| {
+            if *y >= 0.01 {
+                format!("{y:.2}")
+            } else {
+                format!("{y:.0e}")
+            }
+        })
         .draw()?;
     for (i, s) in all.iter().enumerate() {
         let is_auto = s.backend == "auto";
@@ -107,7 +115,7 @@ fn panel<DB: DrawingBackend>(
             .points
             .iter()
             .flatten()
-            .map(|p| (p.size as f64, p.throughput / 1e9))
+            .map(|p| ((p.size as f64).log2(), p.throughput / 1e9))
             .collect();
         chart
             .draw_series(LineSeries::new(line.clone(), style))?
@@ -116,7 +124,7 @@ fn panel<DB: DrawingBackend>(
         chart.draw_series(line.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
     }
     if let Some(be) = r.break_even {
-        let x = be as f64;
+        let x = (be as f64).log2();
         if (xmin..=xmax).contains(&x) {
             let red = RED.stroke_width(1);
             chart

@@ -45,13 +45,18 @@ pub fn sims(b: &Backends) -> Result<Vec<Arc<SimEngine>>, Error> {
     b.sims
         .iter()
         .map(|name| {
-            SimEngine::preset(name).map(Arc::new).ok_or_else(|| {
-                format!(
-                    "unknown --sim {name:?}; presets: {}",
-                    crypto_offload::SimConfig::PRESETS.join(", ")
-                )
-                .into()
-            })
+            crypto_offload::SimConfig::preset(name)
+                .map(|mut c| {
+                    c.compute_results = !b.sim_skip_results;
+                    Arc::new(SimEngine::new(c))
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "unknown --sim {name:?}; presets: {}",
+                        crypto_offload::SimConfig::PRESETS.join(", ")
+                    )
+                    .into()
+                })
         })
         .collect()
 }

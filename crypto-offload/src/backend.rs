@@ -109,6 +109,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// How many requests the engine can hold in flight, over all its queues,
+    /// if it has a limit (the selector sends no more than that).
+    fn queue_depth(&self) -> Option<usize> {
+        None
+    }
+
     /// Opens a keyed cipher context (both directions).
     ///
     /// # Cancel safety

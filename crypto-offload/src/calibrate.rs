@@ -289,13 +289,11 @@ async fn calibrate_engine(
         } else {
             1
         };
-        inner.models[slot].entry(alg, dir).set(Cost::new(
-            fixed,
-            per_byte,
-            cpu_fixed,
-            cpu_per_byte,
-            parallelism,
-        ));
+        let mut cost = Cost::new(fixed, per_byte, cpu_fixed, cpu_per_byte, parallelism);
+        if let Some(depth) = backend.queue_depth() {
+            cost = cost.with_queue_depth(u32::try_from(depth).unwrap_or(u32::MAX));
+        }
+        inner.models[slot].entry(alg, dir).set(cost);
     }
     if let Some(power) = backend.power() {
         inner.models[slot]

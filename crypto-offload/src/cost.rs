@@ -42,6 +42,14 @@ pub struct Cost {
     pub cpu_per_byte_ns: f64,
     /// Requests the engine serves at once (its queues or cores).
     pub parallelism: u32,
+    /// Requests the engine can hold in flight (its queue depth over all its
+    /// queues); unbounded when the backend does not say.
+    #[serde(default = "unbounded")]
+    pub queue_depth: u32,
+}
+
+fn unbounded() -> u32 {
+    u32::MAX
 }
 
 impl Cost {
@@ -59,7 +67,14 @@ impl Cost {
             cpu_fixed_ns,
             cpu_per_byte_ns,
             parallelism: parallelism.max(1),
+            queue_depth: u32::MAX,
         }
+    }
+
+    /// The same cost with the engine's queue depth.
+    pub fn with_queue_depth(mut self, depth: u32) -> Self {
+        self.queue_depth = depth.max(1);
+        self
     }
 
     /// The service latency of a `len`-byte request, in ns.
@@ -150,6 +165,7 @@ pub(crate) struct Entry {
     cpu_fixed: AtomicF64,
     cpu_per_byte: AtomicF64,
     parallelism: AtomicU64,
+    queue_depth: AtomicU64,
     /// Observed latency over predicted, smoothed; multiplies the latency.
     correction: AtomicF64,
     samples: AtomicU64,
@@ -171,6 +187,8 @@ impl Entry {
             parallelism: u32::try_from(self.parallelism.load(Ordering::Relaxed))
                 .unwrap_or(1)
                 .max(1),
+            queue_depth: u32::try_from(self.queue_depth.load(Ordering::Relaxed))
+                .unwrap_or(u32::MAX),
         })
     }
 
@@ -181,6 +199,8 @@ impl Entry {
         self.cpu_per_byte.set(c.cpu_per_byte_ns);
         self.parallelism
             .store(u64::from(c.parallelism.max(1)), Ordering::Relaxed);
+        self.queue_depth
+            .store(u64::from(c.queue_depth.max(1)), Ordering::Relaxed);
         self.correction.set(1.0);
         self.calibrated.store(true, Ordering::Release);
     }

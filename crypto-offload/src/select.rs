@@ -304,7 +304,8 @@ impl Inner {
                 let p = self.predict(slot, alg, dir, len).ok()?;
                 let cost = self.models[slot].entry(alg, dir).cost()?;
                 let queued = self.models[slot].in_flight.load(Ordering::Relaxed) as f64;
-                let room = queued < QUEUE_PER_SERVER * f64::from(cost.parallelism);
+                let keep_fed = QUEUE_PER_SERVER * f64::from(cost.parallelism);
+                let room = queued < keep_fed.min(f64::from(cost.queue_depth));
                 (room && p.cpu < here).then_some(p)
             })
             .reduce(|b, p| if p.latency < b.latency { p } else { b });

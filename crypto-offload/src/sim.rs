@@ -806,9 +806,19 @@ impl Backend for SimEngine {
         self.shared.power.as_ref()
     }
 
-    fn declared_cpu_cost(&self, _alg: Algorithm) -> Option<(Duration, f64)> {
+    fn queue_depth(&self) -> Option<usize> {
         let c = &self.shared.config;
-        Some((c.submit_cpu + c.completion_cpu, 0.0))
+        Some(c.queues.max(1) * c.queue_depth.max(1))
+    }
+
+    fn declared_cpu_cost(&self, _alg: Algorithm) -> Option<(Duration, f64)> {
+        // Computing real results is the simulator's own CPU work, which the
+        // modelled engine would not do: declare the model's cost instead of
+        // letting calibration measure it. Without results there is no such
+        // artefact, and calibration measures what requests really cost.
+        let c = &self.shared.config;
+        c.compute_results
+            .then_some((c.submit_cpu + c.completion_cpu, 0.0))
     }
 
     async fn open_cipher(

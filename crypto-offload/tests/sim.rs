@@ -199,48 +199,64 @@ async fn mcrc64_stays_on_the_cpu_for_latency_and_takes_big_requests_to_save_cpu(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qce_latency_keeps_the_cpu_and_throughput_uses_both() {
     let sim = Arc::new(SimEngine::preset("qce").unwrap());
-    let run = |policy| {
-        let sim = sim.clone();
-        async move {
-            let offload = Offload::builder()
-                .backend(sim)
-                .policy(policy)
-                .build()
-                .unwrap();
-            offload.calibrate().await.unwrap();
-            let mut tasks = Vec::new();
-            for t in 0..8u128 {
-                let offload = offload.clone();
-                tasks.push(tokio::spawn(async move {
-                    let s = offload
-                        .cipher(CipherAlg::Aes256Xts, &key(64))
-                        .await
-                        .unwrap();
-                    let mut buf = vec![t as u8; 64 << 10];
-                    for i in 0..60u128 {
-                        let pt = buf.clone();
-                        buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
-                        buf = s.decrypt(&i.to_le_bytes(), buf).await.unwrap();
-                        assert_eq!(buf, pt);
-                    }
-                }));
-            }
-            for t in tasks {
-                t.await.unwrap();
-            }
-            offload.backends()
-        }
+    let profile = {
+        let o = Offload::builder().backend(sim.clone()).build().unwrap();
+        o.calibrate().await.unwrap();
+        o.profile()
     };
-    let latency = run(Policy::Latency).await;
-    assert_eq!(
-        latency[1].stats.requests, 0,
-        "the engine is slower at every size: {latency:?}"
-    );
-    let throughput = run(Policy::Throughput).await;
-    assert!(
-        throughput[0].stats.requests > 0 && throughput[1].stats.requests > 0,
-        "{throughput:?}"
-    );
+    for policy in [Policy::Latency, Policy::Throughput] {
+        // One core for the CPU path, kept busy by a long job on the blocking
+        // pool while another task sends 64 KiB requests.
+        let offload = Offload::builder()
+            .backend(sim.clone())
+            .policy(policy)
+            .profile(profile.clone())
+            .cores(1)
+            .build()
+            .unwrap();
+        let s = offload
+            .cipher(CipherAlg::Aes256Xts, &key(64))
+            .await
+            .unwrap();
+        let big = {
+            let offload = offload.clone();
+            let data = vec![1u8; 64 << 20];
+            tokio::spawn(async move {
+                let units = offload
+                    .cipher(CipherAlg::Aes256Xts, &key(64))
+                    .await
+                    .unwrap()
+                    .with_data_unit(4096)
+                    .unwrap();
+                units.encrypt(&[0; 16], data).await.unwrap().len()
+            })
+        };
+        // Wait until the job is running on the CPU.
+        let busy = || {
+            offload
+                .explain(CipherAlg::Aes256Xts, Direction::Encrypt, 1)
+                .candidates[0]
+                .in_flight
+        };
+        for _ in 0..1000 {
+            if busy() > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        }
+        assert_eq!(busy(), 1, "the long job is in flight on the CPU");
+        for i in 0..20u128 {
+            let pt = vec![i as u8; 64 << 10];
+            let ct = s.encrypt(&i.to_le_bytes(), pt.clone()).await.unwrap();
+            assert_eq!(s.decrypt(&i.to_le_bytes(), ct).await.unwrap(), pt);
+        }
+        assert_eq!(big.await.unwrap(), 64 << 20);
+        let engine = offload.backends()[1].stats.requests;
+        match policy {
+            Policy::Latency => assert_eq!(engine, 0, "the engine is slower at every size"),
+            _ => assert!(engine > 0, "with the CPU busy, Throughput feeds the engine"),
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -378,6 +394,16 @@ async fn explain_lists_every_backend_and_profiles_round_trip() {
         toml.contains("[[entry]]") && toml.contains("sim:qce"),
         "{toml}"
     );
+    // The engine's limits travel with its costs.
+    let qce = back
+        .entries
+        .iter()
+        .find(|e| e.backend == "sim:qce")
+        .unwrap();
+    assert_eq!(qce.cost.queue_depth, 32);
+    assert!(qce.cost.parallelism >= 1);
+    let cpu = back.entries.iter().find(|e| e.backend == "cpu").unwrap();
+    assert_eq!(cpu.cost.queue_depth, u32::MAX);
 }
 
 #[tokio::test(start_paused = true)]
