@@ -13,7 +13,8 @@ use tracing::Instrument;
 use zeroize::Zeroize;
 
 use super::{
-    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_plan, inline_cpu, join_failed, spend_budget,
+    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_plan, inline_cpu, join_failed, session_key,
+    spend_budget,
 };
 use crate::alg::{AeadAlg, Algorithm};
 use crate::backend::{AeadContext, Failed};
@@ -70,16 +71,9 @@ impl fmt::Debug for AeadSession {
 
 impl AeadSession {
     pub(crate) async fn start(offload: Offload, alg: AeadAlg, key: &[u8]) -> Result<Self, Error> {
-        let bad_key = || Error::KeyLength {
-            alg: alg.into(),
-            len: key.len(),
-            expected: alg.key_len(),
-        };
-        if key.len() != alg.key_len() {
-            return Err(bad_key());
-        }
+        let secret = session_key(alg.into(), alg.key_len(), key)?;
         let cpu = Arc::new(offload.inner().cpu.aead(alg, key)?);
-        let key = SecretKey::new(key).ok_or_else(bad_key)?;
+        let key = secret;
         let engines = Engines::open(&offload, alg.into(), |b| {
             let key = key.clone();
             async move { b.open_aead(alg, &key).await }

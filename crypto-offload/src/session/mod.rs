@@ -37,6 +37,23 @@ pub(crate) type BoxedRequest<'a, T> = core::pin::Pin<
 /// A backend request in flight, inside its tracing span.
 pub(crate) type EngineFuture<'a, T> = tracing::instrument::Instrumented<BoxedRequest<'a, T>>;
 
+/// The session's copy of its key, once its length is right for `alg`.
+pub(crate) fn session_key(
+    alg: Algorithm,
+    expected: usize,
+    key: &[u8],
+) -> Result<crate::key::SecretKey, Error> {
+    let bad = || Error::KeyLength {
+        alg,
+        len: key.len(),
+        expected,
+    };
+    if key.len() != expected {
+        return Err(bad());
+    }
+    crate::key::SecretKey::new(key).ok_or_else(bad)
+}
+
 /// A session's contexts on the non-CPU backends, opened on first use.
 pub(crate) struct Engines<C: ?Sized> {
     cells: Box<[OnceCell<Box<C>>]>,
