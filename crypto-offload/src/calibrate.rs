@@ -2,12 +2,16 @@
 //! breaker's probe.
 //!
 //! Calibration is bounded: each backend gets [`BUDGET`] of wall time for all
-//! the (algorithm, direction) pairs it runs. For each pair it times
-//! requests of two sizes (64 bytes and 64 KiB; up to 16 MiB for an engine
-//! whose per-byte cost hides under its fixed cost), fits `fixed + per_byte ×
-//! len` through the fastest repetition of each, measures the process CPU
-//! time per request, and — for engines — times 8 concurrent requests against
-//! one to estimate how many the engine serves at once.
+//! the (algorithm, direction) pairs it runs, each pair a share of what is
+//! left. For each pair it times requests of two sizes (64 bytes and 64 KiB;
+//! up to 16 MiB for an engine whose per-byte cost hides under its fixed
+//! cost, while that fits), fits `fixed + per_byte × len` through the fastest
+//! repetition of each, and measures the process CPU time per request. Once
+//! per engine it times 4 concurrent requests against one to estimate how
+//! many the engine serves at once. Pairs the budget leaves no time for take
+//! the last measured pair's costs. (A request that alone takes longer than
+//! the budget, as a 25 ms engine's second one does, still runs: a bound
+//! cannot be met below one request per size.)
 
 use core::future::Future;
 use core::pin::Pin;
@@ -246,54 +250,93 @@ async fn calibrate_engine(
     backend: &SharedBackend,
 ) -> Result<(), BackendError> {
     let all = pairs(|a| backend.supports(a));
-    if all.is_empty() {
-        return Ok(());
-    }
     let started = Instant::now();
-    let per = BUDGET / all.len() as u32;
     let mut contexts: Vec<(Algorithm, Ctx)> = Vec::new();
-    for (alg, dir) in all {
-        let entry_start = Instant::now();
+    // Measured once: the queues are the engine's, whatever the algorithm.
+    let mut parallelism: Option<u32> = None;
+    // Entries the budget leaves no time for take the last measured one's
+    // costs (the closest: the same mode's other direction or key size).
+    let mut last: Option<Cost> = None;
+    let count = all.len();
+    for (i, (alg, dir)) in all.into_iter().enumerate() {
+        let left = BUDGET.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            if let Some(c) = last {
+                inner.models[slot].entry(alg, dir).set(c);
+            }
+            continue;
+        }
+        // This entry's share of what is left.
+        let share = left / u32::try_from(count - i).unwrap_or(u32::MAX);
+        let deadline = Instant::now() + share;
+        let remaining = || {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .as_nanos() as f64
+        };
         let ctx = match contexts.iter().position(|(a, _)| *a == alg) {
-            Some(i) => &contexts[i].1,
+            Some(k) => &contexts[k].1,
             None => {
                 contexts.push((alg, open(backend, alg).await?));
-                &contexts[contexts.len() - 1].1
+                let ctx = &contexts[contexts.len() - 1].1;
+                // The first request may pay a resume: keep it out of the timings.
+                request(ctx, dir, SMALL).await?;
+                ctx
             }
         };
-        // The first request may pay a resume; time it out of the way.
-        request(ctx, dir, SMALL).await?;
         let one = time_engine(ctx, dir, SMALL, 1).await?.0;
-        let reps = ((per.as_nanos() as f64 / 4.0 / one.max(1.0)) as usize).clamp(1, 8);
+        let reps = ((remaining() / 4.0 / one.max(1.0)) as usize).clamp(1, 8);
         let small = time_engine(ctx, dir, SMALL, reps).await?;
         let mut len = LARGE;
-        let mut large = time_engine(ctx, dir, len, reps).await?;
-        while large.0 - small.0 < 0.25 * small.0 && len < LARGEST && entry_start.elapsed() < per {
+        let mut large = time_engine(ctx, dir, len, 1).await?;
+        // Grow the large size while the per-byte cost hides under the fixed
+        // one, if a request 16 times larger still fits.
+        while large.0 - small.0 < 0.25 * small.0
+            && len < LARGEST
+            && large.0 + 16.0 * (large.0 - small.0).max(0.0) < remaining() / 2.0
+        {
             len *= 16;
             large = time_engine(ctx, dir, len, 1).await?;
+        }
+        let more = ((remaining() / 2.0 / large.0.max(1.0)) as usize).min(7);
+        if more > 0 {
+            let again = time_engine(ctx, dir, len, more).await?;
+            if again.0 < large.0 {
+                large = again;
+            }
         }
         let (fixed, per_byte) = Cost::fit((SMALL, small.0), (len, large.0));
         let (cpu_fixed, cpu_per_byte) = match backend.declared_cpu_cost(alg) {
             Some((fixed, per_byte)) => (fixed.as_nanos() as f64, per_byte),
             None => Cost::fit((SMALL, small.1), (len, large.1)),
         };
-        // Concurrency: 8 requests at once against one.
-        let parallelism = if entry_start.elapsed() < per || started.elapsed() < BUDGET {
-            let t = Instant::now();
-            let results = join_all((0..8).map(|_| request(ctx, dir, len)).collect()).await;
-            for r in results {
-                r?;
+        // Concurrency, once: 4 requests at once against one, at the largest
+        // size whose 4 requests fit in what is left (serially, worst case).
+        if parallelism.is_none() {
+            let probe = [(len, large.0), (SMALL, small.0)]
+                .into_iter()
+                .find(|&(_, t)| 4.0 * t <= remaining());
+            if let Some((size, single)) = probe {
+                let t = Instant::now();
+                for r in join_all((0..4).map(|_| request(ctx, dir, size)).collect()).await {
+                    r?;
+                }
+                let four = t.elapsed().as_nanos() as f64;
+                parallelism = Some(((4.0 * single / four.max(1.0)).round() as u32).clamp(1, 4));
             }
-            let eight = t.elapsed().as_nanos() as f64;
-            ((8.0 * large.0 / eight.max(1.0)).round() as u32).clamp(1, 8)
-        } else {
-            1
-        };
-        let mut cost = Cost::new(fixed, per_byte, cpu_fixed, cpu_per_byte, parallelism);
+        }
+        let mut cost = Cost::new(
+            fixed,
+            per_byte,
+            cpu_fixed,
+            cpu_per_byte,
+            parallelism.unwrap_or(1),
+        );
         if let Some(depth) = backend.queue_depth() {
             cost = cost.with_queue_depth(u32::try_from(depth).unwrap_or(u32::MAX));
         }
         inner.models[slot].entry(alg, dir).set(cost);
+        last = Some(cost);
     }
     if let Some(power) = backend.power() {
         inner.models[slot]

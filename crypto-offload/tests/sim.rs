@@ -428,3 +428,30 @@ async fn short_sessions_within_the_autosuspend_delay_resume_once() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(sim.power_stats().suspends, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn calibration_stays_within_its_budget() {
+    // On the paused clock only the engines' (virtual) time counts: the
+    // CPU's calibration spins in real time.
+    for name in ["omap", "mcrc64", "qce", "eip197"] {
+        let offload = Offload::builder()
+            .backend(Arc::new(SimEngine::new(preset(name))))
+            .build()
+            .unwrap();
+        let start = tokio::time::Instant::now();
+        offload.calibrate().await.unwrap();
+        let took = start.elapsed();
+        // 200 ms, plus the resume and first request kept out of the timings
+        // (which the paused clock rounds up to whole milliseconds).
+        assert!(took <= Duration::from_millis(260), "{name}: {took:?}");
+        let profile = offload.profile();
+        let engine = profile
+            .entries
+            .iter()
+            .filter(|e| e.backend.starts_with("sim:"))
+            .count();
+        let supported = offload.backends()[1].algorithms.len();
+        let want = supported * if name == "mcrc64" { 1 } else { 2 };
+        assert_eq!(engine, want, "{name}: every pair has costs");
+    }
+}
