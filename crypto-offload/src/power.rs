@@ -134,43 +134,20 @@ impl PowerDomain {
     /// The driver's error if the resume fails (no reference is taken).
     ///
     /// # Cancel safety
-    /// If the future is dropped while a resume is running, the resume still
-    /// completes (it runs under the domain's transition lock) but no
-    /// reference is taken; the usual autosuspend then applies.
+    /// The resume runs in its own task (on the domain's tokio runtime), so
+    /// dropping this future does not cut it short: it completes, and the
+    /// reference it took is dropped, which schedules the usual autosuspend.
+    /// Outside any tokio runtime the resume runs in this future instead.
     pub async fn acquire(&self) -> Result<PowerRef, BackendError> {
-        let domain = &self.inner;
-        let _transition = domain.transition.lock().await;
-        let powered = {
-            let mut c = domain.lock();
-            c.generation += 1;
-            c.stats.powered
-        };
-        if !powered {
-            let span = tracing::debug_span!("power_on", device = %domain.name);
-            let start = Instant::now();
-            let result = domain.control.power_on().instrument(span).await;
-            let took = start.elapsed();
-            let mut c = domain.lock();
-            match result {
-                Ok(()) => {
-                    c.stats.powered = true;
-                    c.stats.resumes += 1;
-                    c.stats.resume_time += took;
-                    c.stats.last_resume = took;
-                }
-                Err(e) => {
-                    c.stats.failures += 1;
-                    return Err(e);
-                }
-            }
+        let resume = self.inner.clone().resume_and_take();
+        match self.inner.runtime() {
+            Some(rt) => rt.spawn(resume).await.unwrap_or_else(|e| {
+                Err(BackendError::Other(
+                    format!("power_on did not complete: {e}").into(),
+                ))
+            }),
+            None => resume.await,
         }
-        let mut c = domain.lock();
-        c.refs += 1;
-        c.stats.references = c.refs;
-        Ok(PowerRef {
-            domain: self.inner.clone(),
-            released: false,
-        })
     }
 
     /// The counts so far.
@@ -193,6 +170,77 @@ impl Domain {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Where transitions and delayed suspends run: the caller's runtime, or
+    /// the one the domain was created in.
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.runtime.clone())
+    }
+
+    /// Resumes the device if it is off and takes a reference, all under the
+    /// transition lock (so no suspend can slip in between).
+    async fn resume_and_take(self: Arc<Self>) -> Result<PowerRef, BackendError> {
+        let _transition = self.transition.lock().await;
+        let powered = {
+            let mut c = self.lock();
+            c.generation += 1;
+            c.stats.powered
+        };
+        if !powered {
+            let span = tracing::debug_span!("power_on", device = %self.name);
+            let start = Instant::now();
+            let result = self.control.power_on().instrument(span).await;
+            let took = start.elapsed();
+            let mut c = self.lock();
+            match result {
+                Ok(()) => {
+                    c.stats.powered = true;
+                    c.stats.resumes += 1;
+                    c.stats.resume_time += took;
+                    c.stats.last_resume = took;
+                }
+                Err(e) => {
+                    c.stats.failures += 1;
+                    return Err(e);
+                }
+            }
+        }
+        let mut c = self.lock();
+        c.refs += 1;
+        c.stats.references = c.refs;
+        drop(c);
+        Ok(PowerRef {
+            domain: self.clone(),
+            released: false,
+        })
+    }
+
+    /// Suspends the device now, under the transition lock, if it is on and
+    /// no reference has been taken since.
+    async fn suspend(&self, generation: u64) {
+        let _transition = self.transition.lock().await;
+        {
+            let c = self.lock();
+            if c.refs > 0 || c.generation != generation || !c.stats.powered {
+                return;
+            }
+        }
+        let span = tracing::debug_span!("power_off", device = %self.name);
+        let result = self.control.power_off().instrument(span).await;
+        let mut c = self.lock();
+        match result {
+            Ok(()) => {
+                c.stats.powered = false;
+                c.stats.suspends += 1;
+            }
+            Err(e) => {
+                c.stats.failures += 1;
+                tracing::warn!(device = %self.name, error = %e, "suspend failed; the device stays powered");
+            }
+        }
+    }
+
     fn release(self: &Arc<Self>) {
         let generation = {
             let mut c = self.lock();
@@ -204,35 +252,13 @@ impl Domain {
             c.generation += 1;
             c.generation
         };
-        let Some(runtime) = tokio::runtime::Handle::try_current()
-            .ok()
-            .or_else(|| self.runtime.clone())
-        else {
+        let Some(runtime) = self.runtime() else {
             return;
         };
         let domain = self.clone();
         runtime.spawn(async move {
             tokio::time::sleep(domain.delay).await;
-            let _transition = domain.transition.lock().await;
-            {
-                let c = domain.lock();
-                if c.refs > 0 || c.generation != generation || !c.stats.powered {
-                    return;
-                }
-            }
-            let span = tracing::debug_span!("power_off", device = %domain.name);
-            let result = domain.control.power_off().instrument(span).await;
-            let mut c = domain.lock();
-            match result {
-                Ok(()) => {
-                    c.stats.powered = false;
-                    c.stats.suspends += 1;
-                }
-                Err(e) => {
-                    c.stats.failures += 1;
-                    tracing::warn!(device = %domain.name, error = %e, "suspend failed; the device stays powered");
-                }
-            }
+            domain.suspend(generation).await;
         });
     }
 }
@@ -253,40 +279,33 @@ impl PowerRef {
     /// avoid: it is here so the simulated engine can reproduce the cost).
     ///
     /// # Cancel safety
-    /// If the future is dropped before the suspend runs, the reference is
-    /// released with the usual delayed suspend.
+    /// The release and the suspend run in their own task (on the domain's
+    /// tokio runtime), so dropping this future does not stop them. Outside
+    /// any tokio runtime they run in this future; dropped there, the device
+    /// stays powered, as the domain's delayed suspends need a runtime too.
     pub async fn put_sync(mut self) {
         let domain = self.domain.clone();
-        let _transition = domain.transition.lock().await;
-        let last = {
-            let mut c = domain.lock();
-            if c.refs == 1 {
-                c.refs = 0;
-                c.stats.references = 0;
-                c.generation += 1;
-                true
-            } else {
-                false
-            }
-        };
-        if !last {
-            drop(self);
-            return;
-        }
-        // The count is already down: do not count it again in `drop`.
+        // Uncounted here, synchronously, whatever happens to this future.
         self.released = true;
         drop(self);
-        if !domain.lock().stats.powered {
-            return;
-        }
-        let result = domain.control.power_off().await;
-        let mut c = domain.lock();
-        match result {
-            Ok(()) => {
-                c.stats.powered = false;
-                c.stats.suspends += 1;
+        let generation = {
+            let mut c = domain.lock();
+            c.refs = c.refs.saturating_sub(1);
+            c.stats.references = c.refs;
+            if c.refs > 0 {
+                return;
             }
-            Err(_) => c.stats.failures += 1,
+            c.generation += 1;
+            c.generation
+        };
+        let runtime = domain.runtime();
+        let suspend = async move { domain.suspend(generation).await };
+        match runtime {
+            Some(rt) => {
+                // A panic in the driver's `power_off` stays in its task.
+                let _ = rt.spawn(suspend).await;
+            }
+            None => suspend.await,
         }
     }
 }

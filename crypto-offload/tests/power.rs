@@ -149,3 +149,100 @@ async fn a_failed_resume_takes_no_reference_and_is_counted() {
     assert!(domain.is_powered());
     drop(r);
 }
+
+/// A switch whose transitions take 10 ms each.
+#[derive(Clone, Default)]
+struct Slow {
+    on: Arc<AtomicU64>,
+    off: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl PowerControl for Slow {
+    async fn power_on(&self) -> Result<(), BackendError> {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        self.on.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    async fn power_off(&self) -> Result<(), BackendError> {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        self.off.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_acquire_still_completes_the_resume() {
+    let sw = Slow::default();
+    let domain = PowerDomain::new("dev", sw.clone(), DELAY);
+    let cancelled = tokio::time::timeout(Duration::from_millis(2), domain.acquire()).await;
+    assert!(cancelled.is_err());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The driver's power_on ran to the end and was counted; the reference
+    // it took went with the cancelled future...
+    let s = domain.stats();
+    assert_eq!(sw.on.load(Ordering::Relaxed), 1);
+    assert_eq!((s.resumes, s.powered, s.references), (1, true, 0), "{s:?}");
+    // ...so the usual autosuspend follows.
+    tokio::time::sleep(DELAY + Duration::from_millis(20)).await;
+    let s = domain.stats();
+    assert_eq!((s.suspends, s.powered), (1, false), "{s:?}");
+    assert_eq!(sw.off.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_put_sync_still_suspends() {
+    let sw = Slow::default();
+    let domain = PowerDomain::new("dev", sw.clone(), Duration::from_secs(3600));
+    let r = domain.acquire().await.unwrap();
+    let cancelled = tokio::time::timeout(Duration::from_millis(2), r.put_sync()).await;
+    assert!(cancelled.is_err());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let s = domain.stats();
+    assert_eq!(
+        (s.suspends, s.powered, s.references),
+        (1, false, 0),
+        "not left on for the hour-long autosuspend: {s:?}"
+    );
+    assert_eq!(sw.off.load(Ordering::Relaxed), 1);
+}
+
+/// A switch that needs no runtime.
+#[derive(Clone, Default)]
+struct Instant(Arc<AtomicU64>);
+
+#[async_trait]
+impl PowerControl for Instant {
+    async fn power_on(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    async fn power_off(&self) -> Result<(), BackendError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[test]
+fn without_a_runtime_transitions_run_in_the_callers_future() {
+    use futures::executor::block_on;
+    let sw = Instant::default();
+    let domain = PowerDomain::new("dev", sw.clone(), DELAY);
+    let a = block_on(domain.acquire()).unwrap();
+    assert_eq!(domain.stats().resumes, 1);
+    // Nothing can time the autosuspend: the device stays on...
+    drop(a);
+    std::thread::sleep(DELAY * 2);
+    assert!(domain.is_powered());
+    assert_eq!(domain.stats().references, 0);
+    // ...until a synchronous put.
+    let b = block_on(domain.acquire()).unwrap();
+    assert_eq!(domain.stats().resumes, 1, "still on: no second resume");
+    block_on(b.put_sync());
+    let s = domain.stats();
+    assert_eq!(
+        (s.suspends, s.powered, s.references),
+        (1, false, 0),
+        "{s:?}"
+    );
+    assert_eq!(sw.0.load(Ordering::Relaxed), 1);
+}
