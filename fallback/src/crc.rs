@@ -189,7 +189,8 @@ impl Crc {
     /// Feeds more data.
     #[inline]
     pub fn update(&mut self, data: &[u8]) {
-        self.len += data.len() as u64;
+        // Saturates rather than overflowing on a nonsense `resume` length.
+        self.len = self.len.saturating_add(data.len() as u64);
         if data.len() < small_limit(self.alg) {
             if let Some(d) = self.digest.take() {
                 self.value = d.finalize();
@@ -215,7 +216,8 @@ impl Crc {
         }
     }
 
-    /// How many bytes have been fed.
+    /// How many bytes have been fed (including the `len` given to
+    /// [`resume`](Self::resume); at most `u64::MAX`).
     pub fn len(&self) -> u64 {
         self.len
     }

@@ -359,6 +359,18 @@ proptest! {
 }
 
 #[test]
+fn crc_resumed_at_any_length_does_not_panic() {
+    for alg in CrcAlg::ALL {
+        for len in [u64::MAX - 3, u64::MAX] {
+            let mut crc = Crc::resume(alg, 0x1234, len);
+            crc.update(&[0u8; 1000]);
+            crc.update(&[1u8; 10]);
+            assert_eq!(crc.len(), u64::MAX, "{alg}: saturates");
+        }
+    }
+}
+
+#[test]
 fn xts_rejects_bad_keys_and_short_data() {
     for len in [0, 16, 31, 33, 47, 63, 65, 128] {
         assert!(
