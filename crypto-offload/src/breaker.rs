@@ -8,34 +8,61 @@
 //! `probe_interval` (doubling up to 32× while it keeps failing). The first
 //! probe that succeeds closes the breaker. `offload probe` and
 //! [`Offload::backends`](crate::Offload::backends) show the reason while it
-//! is open.
+//! is open. Outside any tokio runtime there is no probe task: after
+//! `probe_interval` the breaker goes half-open and live traffic is the probe
+//! (a failure is still replayed on the CPU, and trips it again).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-/// A backend's breaker state.
+/// A backend's breaker state. `open` is read on every selection; every
+/// transition happens under `state`'s lock, so a trip and a close cannot
+/// interleave into an open breaker that nothing probes.
 #[derive(Debug, Default)]
 pub(crate) struct Breaker {
     open: AtomicBool,
+    /// A probe task runs (it owns closing the breaker).
     probing: AtomicBool,
     pub(crate) opened: AtomicU64,
     pub(crate) closed: AtomicU64,
-    reason: Mutex<Option<String>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    reason: Option<String>,
+    /// With no runtime to probe from: when to let live traffic try the
+    /// backend again (half-open). A request that then succeeds closes the
+    /// breaker; one that fails is replayed on the CPU and trips it again.
+    retry_at: Option<Instant>,
 }
 
 impl Breaker {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Whether the backend is out of selection.
     #[inline]
     pub(crate) fn is_open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
+        self.open.load(Ordering::Acquire) && self.closed_to_traffic()
+    }
+
+    #[cold]
+    fn closed_to_traffic(&self) -> bool {
+        if self.probing.load(Ordering::Acquire) {
+            return true;
+        }
+        self.state().retry_at.is_none_or(|t| Instant::now() < t)
     }
 
     /// Opens the breaker with `reason`; returns whether the caller should
     /// start the probe task (exactly one caller does).
     pub(crate) fn trip(&self, reason: String) -> bool {
-        if let Ok(mut r) = self.reason.lock() {
-            *r = Some(reason);
-        }
+        let mut state = self.state();
+        state.reason = Some(reason);
+        state.retry_at = None;
         if !self.open.swap(true, Ordering::AcqRel) {
             self.opened.fetch_add(1, Ordering::Relaxed);
         }
@@ -44,25 +71,37 @@ impl Breaker {
 
     /// Closes the breaker after a successful probe.
     pub(crate) fn close(&self) {
-        if let Ok(mut r) = self.reason.lock() {
-            *r = None;
-        }
+        let mut state = self.state();
+        state.reason = None;
+        state.retry_at = None;
         if self.open.swap(false, Ordering::AcqRel) {
             self.closed.fetch_add(1, Ordering::Relaxed);
         }
         self.probing.store(false, Ordering::Release);
     }
 
-    /// Stops probing without closing (the runtime went away).
-    pub(crate) fn stop_probing(&self) {
+    /// No probe task can run (no tokio runtime): live traffic probes the
+    /// backend instead, `after` from now.
+    pub(crate) fn probe_by_traffic(&self, after: Duration) {
+        let mut state = self.state();
+        state.retry_at = Some(Instant::now() + after.min(Duration::from_secs(3600)));
         self.probing.store(false, Ordering::Release);
+    }
+
+    /// A request on the backend succeeded: if the breaker is half-open
+    /// (open with no probe task), that closes it.
+    #[inline]
+    pub(crate) fn succeeded(&self) {
+        if self.open.load(Ordering::Acquire) && !self.probing.load(Ordering::Acquire) {
+            self.close();
+        }
     }
 
     /// Why the breaker is open, if it is.
     pub(crate) fn reason(&self) -> Option<String> {
-        if !self.is_open() {
+        if !self.open.load(Ordering::Acquire) {
             return None;
         }
-        self.reason.lock().ok().and_then(|r| r.clone())
+        self.state().reason.clone()
     }
 }

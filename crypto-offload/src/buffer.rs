@@ -84,13 +84,20 @@ impl Buffer for BytesMut {
 /// The owned buffer a [`Backend`](crate::Backend) works on: the caller's
 /// `Vec<u8>` or `BytesMut`, moved, not copied. Its heap storage does not move
 /// while the backend holds it.
-#[derive(Debug)]
 pub struct IoBuf(Inner);
 
-#[derive(Debug)]
 enum Inner {
     Vec(Vec<u8>),
     Bytes(BytesMut),
+}
+
+/// Only the length: the bytes may be plaintext.
+impl core::fmt::Debug for IoBuf {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("IoBuf")
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl IoBuf {

@@ -350,7 +350,7 @@ async fn calibrate_engine(
 /// the `Offload` is dropped.
 pub(crate) fn spawn_probe(inner: Arc<Inner>, slot: usize) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        inner.breakers[slot].stop_probing();
+        inner.breakers[slot].probe_by_traffic(inner.probe_interval);
         return;
     };
     let weak: Weak<Inner> = Arc::downgrade(&inner);
@@ -373,7 +373,7 @@ pub(crate) fn spawn_probe(inner: Arc<Inner>, slot: usize) {
                 }
                 Err(e) => {
                     tracing::debug!(backend = backend.name(), error = %e, "probe failed");
-                    wait = (wait * 2).min(first * 32);
+                    wait = wait.saturating_mul(2).min(first.saturating_mul(32));
                 }
             }
         }

@@ -222,10 +222,33 @@ impl SimConfig {
         })
     }
 
-    /// The service time of a `len`-byte request (without queueing).
+    /// The service time of a `len`-byte request (without queueing), at most
+    /// a year.
     pub fn service_time(&self, len: usize) -> Duration {
-        self.latency + Duration::from_secs_f64(len as f64 / self.bandwidth.max(1.0))
+        let transfer =
+            Duration::try_from_secs_f64(len as f64 / self.bandwidth.max(1.0)).unwrap_or(FAR);
+        self.latency.saturating_add(transfer).min(FAR)
     }
+
+    /// Settings out of range brought into it, so no setting can make the
+    /// engine panic: at least one queue and one slot, at most
+    /// [`MAX_QUEUES`](Self::MAX_QUEUES) queues and as many slots as a
+    /// semaphore holds, times of at most a year.
+    fn normalized(mut self) -> Self {
+        self.queues = self.queues.clamp(1, Self::MAX_QUEUES);
+        self.queue_depth = self
+            .queue_depth
+            .clamp(1, Semaphore::MAX_PERMITS / self.queues);
+        self.latency = self.latency.min(FAR);
+        self.faults.timeout = self.faults.timeout.min(FAR);
+        self.submit_cpu = self.submit_cpu.min(FAR);
+        self.completion_cpu = self.completion_cpu.min(FAR);
+        self
+    }
+
+    /// The most queues an engine has (each is a thread with
+    /// [`SimTimer::Device`]).
+    pub const MAX_QUEUES: usize = 1024;
 }
 
 /// A simulated engine. Create it inside a tokio runtime.
@@ -288,6 +311,10 @@ impl PowerControl for SimSwitch {
     }
 }
 
+/// The longest time the model deals in: a year (longer settings are cut to
+/// it, so that no instant arithmetic can overflow).
+const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Spends `d` of real CPU time on this thread.
 fn spin(d: Duration) {
     if d.is_zero() {
@@ -309,6 +336,7 @@ enum Fate {
 impl SimEngine {
     /// An engine with `config`.
     pub fn new(config: SimConfig) -> Self {
+        let config = config.normalized();
         let power = config.power.map(|p| {
             let delay = if p.per_request {
                 Duration::ZERO
@@ -322,19 +350,17 @@ impl SimEngine {
             PowerDomain::new(config.name.clone(), switch, delay)
         });
         let now = Instant::now();
-        let queues = (0..config.queues.max(1))
+        let queues = (0..config.queues)
             .map(|_| Queue {
                 free_at: Mutex::new(now),
                 completion: Mutex::new(()),
             })
             .collect();
-        let slots = Arc::new(Semaphore::new(
-            config.queues.max(1) * config.queue_depth.max(1),
-        ));
+        let slots = Arc::new(Semaphore::new(config.queues * config.queue_depth));
         let seed = config.faults.seed | 1;
         let devices = match config.timer {
             SimTimer::Tokio => Vec::new(),
-            SimTimer::Device => (0..config.queues.max(1))
+            SimTimer::Device => (0..config.queues)
                 .map(|q| Device::start(format!("{}-q{q}", config.name), config.completion_cpu))
                 .collect(),
         };
@@ -484,9 +510,11 @@ impl Shared {
         } else {
             done
         };
-        // Per-request power is released by the request itself (synchronously).
+        // Per-request power is released by the request itself, synchronously,
+        // once the device has let go of its clone at the completion. If the
+        // request is cancelled, that clone keeps the device up until then.
         let own = if per_request {
-            in_flight.hold.take()
+            in_flight.hold.clone()
         } else {
             None
         };
@@ -500,7 +528,7 @@ impl Shared {
                         .unwrap_or_else(|p| p.into_inner());
                     spin(self.config.completion_cpu);
                 }
-                in_flight.finished = true;
+                drop(in_flight.take());
             }
             Some(device) => {
                 // The device thread keeps the request's power and slot until
@@ -808,7 +836,7 @@ impl Backend for SimEngine {
 
     fn queue_depth(&self) -> Option<usize> {
         let c = &self.shared.config;
-        Some(c.queues.max(1) * c.queue_depth.max(1))
+        Some(c.queues * c.queue_depth)
     }
 
     fn declared_cpu_cost(&self, _alg: Algorithm) -> Option<(Duration, f64)> {
@@ -818,7 +846,7 @@ impl Backend for SimEngine {
         // artefact, and calibration measures what requests really cost.
         let c = &self.shared.config;
         c.compute_results
-            .then_some((c.submit_cpu + c.completion_cpu, 0.0))
+            .then_some((c.submit_cpu.saturating_add(c.completion_cpu), 0.0))
     }
 
     async fn open_cipher(

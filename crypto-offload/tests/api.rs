@@ -299,6 +299,19 @@ async fn aead_refuses_bad_nonces_and_tags_and_wipes_on_failure() {
         .into_parts();
     assert!(matches!(e, Error::TagLength { len: 15, .. }), "{e}");
     assert_eq!(buf.len(), 15);
+    // A bad nonce on a combined ciphertext+tag: handed back whole, the tag
+    // still on it.
+    let mut combined = sealed.clone();
+    combined.extend_from_slice(&tag);
+    for n in [0usize, 11, 16] {
+        let (e, buf) = g
+            .open(&vec![1; n], b"aad", combined.clone())
+            .await
+            .unwrap_err()
+            .into_parts();
+        assert!(matches!(e, Error::IvLength { len, .. } if len == n), "{e}");
+        assert_eq!(buf, combined, "untouched on a parameter error");
+    }
 
     // Wrong AAD, wrong nonce, flipped tag: opaque error, zeroed buffer.
     let good = g
@@ -403,6 +416,15 @@ async fn debug_output_never_shows_key_bytes() {
             offload.aead(AeadAlg::Aes256Gcm, &k[..32]).await.unwrap()
         ),
         format!("{offload:?}"),
+        // A backend's buffer (plaintext, maybe): its length only.
+        format!("{:?}", crypto_offload::IoBuf::from(k.clone())),
+        format!(
+            "{:?}",
+            crypto_offload::Failed::new(
+                crypto_offload::BackendError::DeviceGone,
+                crypto_offload::IoBuf::from(BytesMut::from(&k[..]))
+            )
+        ),
     ];
     for s in shown {
         for needle in ["a7", "A7", "167"] {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crypto_offload::{
     Algorithm, CipherAlg, CrcAlg, Direction, Offload, Policy, SimConfig, SimEngine, SimFaults,
-    SimTimer,
+    SimPower, SimTimer,
 };
 
 /// A preset on tokio timers, for the paused clock.
@@ -454,4 +454,236 @@ async fn calibration_stays_within_its_budget() {
         let want = supported * if name == "mcrc64" { 1 } else { 2 };
         assert_eq!(engine, want, "{name}: every pair has costs");
     }
+}
+
+/// The engine's predicted latency for `len`, from `explain`.
+fn engine_prediction(offload: &Offload, alg: CipherAlg, len: usize) -> Duration {
+    let ex = offload.explain(alg, Direction::Encrypt, len);
+    ex.candidates
+        .iter()
+        .find(|c| c.backend.starts_with("sim"))
+        .and_then(|c| c.latency)
+        .unwrap_or_else(|| panic!("the engine is not eligible: {ex:?}"))
+}
+
+/// A profile with the given costs (ns) for AES-256-XTS encryption on the
+/// CPU and on the engine `sim`.
+fn xts_profile(cpu: (f64, f64), sim: (f64, f64), resume_ns: f64) -> crypto_offload::Profile {
+    let entry = |backend: &str, (fixed, per_byte): (f64, f64), cpu_share: f64, resume: f64| {
+        format!(
+            "[[entry]]\nbackend = \"{backend}\"\nalg = \"aes-256-xts\"\ndir = \"encrypt\"\n\
+             fixed_ns = {fixed:?}\nper_byte_ns = {per_byte:?}\ncpu_fixed_ns = {:?}\n\
+             cpu_per_byte_ns = {:?}\nparallelism = 1\nresume_ns = {resume:?}\n",
+            fixed * cpu_share,
+            per_byte * cpu_share
+        )
+    };
+    let text = entry("cpu", cpu, 1.0, 0.0) + &entry("sim", sim, 0.0, resume_ns);
+    crypto_offload::Profile::from_toml(&text).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resume_does_not_teach_the_model_that_the_engine_is_slow() {
+    // Each session starts on a suspended device: its first request waits
+    // for the resume (and the context's open). That time is the resume's,
+    // not the engine's service time, and must not inflate the correction.
+    // Costs from a profile, so the test does not depend on the machine.
+    let mut c = SimConfig::new(
+        "sim",
+        vec![Algorithm::Cipher(CipherAlg::Aes256Xts)],
+        Duration::from_millis(2),
+        1e12,
+    );
+    c.timer = SimTimer::Tokio;
+    c.compute_results = false;
+    c.power = Some(SimPower {
+        resume: Duration::from_millis(6),
+        autosuspend: Duration::from_millis(5),
+        per_request: false,
+    });
+    let sim = Arc::new(SimEngine::new(c));
+    let offload = Offload::builder()
+        .backend(sim.clone())
+        .profile(xts_profile((1e3, 1.0), (2e6, 0.0), 6e6))
+        .build()
+        .unwrap();
+    let len = 16 << 20; // 16.8 ms on the CPU, 2 ms (8 ms cold) on the engine
+    let before = engine_prediction(&offload, CipherAlg::Aes256Xts, len);
+    let mut buf = vec![0u8; len];
+    for i in 0..8u128 {
+        let s = offload
+            .cipher(CipherAlg::Aes256Xts, &key(64))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.backend_for(Direction::Encrypt, len),
+            "sim",
+            "session {i}: {:?}",
+            offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
+        );
+        buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
+        drop(s);
+        tokio::time::sleep(Duration::from_millis(30)).await; // suspended again
+    }
+    assert_eq!(sim.power_stats().resumes, 8, "one per session");
+    let after = engine_prediction(&offload, CipherAlg::Aes256Xts, len);
+    assert!(
+        after.as_secs_f64() < before.as_secs_f64() * 1.1,
+        "cold starts inflated the engine's prediction: {before:?} -> {after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_cpu_jobs_do_not_teach_the_model_that_one_core_is_faster() {
+    // A 16 MiB job runs on the blocking pool in up to `cores` pieces at
+    // once; its wall time is not one core's service time.
+    let sim = Arc::new(SimEngine::new(SimConfig::new(
+        "sim",
+        vec![Algorithm::Cipher(CipherAlg::Aes128Ctr)],
+        Duration::from_secs(1),
+        1e6,
+    )));
+    let offload = Offload::builder().backend(sim).cores(8).build().unwrap();
+    offload.calibrate().await.unwrap();
+    let cpu_4k = |o: &Offload| {
+        let ex = o.explain(CipherAlg::Aes128Ctr, Direction::Encrypt, 4096);
+        ex.candidates[0].latency.unwrap()
+    };
+    let before = cpu_4k(&offload);
+    let s = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 16 << 20];
+    for i in 0..20u128 {
+        buf = s.encrypt(&i.to_be_bytes(), buf).await.unwrap();
+    }
+    let after = cpu_4k(&offload);
+    assert!(
+        after.as_secs_f64() > before.as_secs_f64() * 0.95,
+        "split jobs deflated the CPU's prediction: {before:?} -> {after:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_request_keeps_per_request_power_until_it_completes() {
+    let sim = omap(true);
+    let offload = Offload::builder()
+        .backend(sim.clone())
+        .pin("sim:omap")
+        .build()
+        .unwrap();
+    let s = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    {
+        let request = s.encrypt(&[0; 16], vec![0u8; 1 << 20]); // ~22 ms on the device
+        let _ = tokio::time::timeout(Duration::from_millis(2), request).await;
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let p = sim.power_stats();
+    assert!(p.powered && p.suspends == 0, "cut under the DMA: {p:?}");
+    tokio::time::sleep(Duration::from_millis(40)).await; // the device finishes
+    let p = sim.power_stats();
+    assert_eq!(
+        (p.powered, p.suspends, p.references),
+        (false, 1, 0),
+        "{p:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn out_of_range_settings_do_not_panic() {
+    let mut c = SimConfig::new(
+        "sim",
+        vec![Algorithm::Crc(CrcAlg::Crc32Iscsi)],
+        Duration::MAX,
+        f64::NAN,
+    );
+    c.timer = SimTimer::Tokio;
+    c.queues = 0;
+    c.queue_depth = usize::MAX;
+    c.faults.timeout = Duration::MAX;
+    assert_eq!(c.service_time(usize::MAX), Duration::from_secs(365 * 86400));
+    let sim = Arc::new(SimEngine::new(c));
+    let offload = Offload::builder().backend(sim).pin("sim").build().unwrap();
+    let mut crc = offload.crc(CrcAlg::Crc32Iscsi).await.unwrap();
+    let request = crc.update(vec![1u8; 64]);
+    // A year of modelled latency: the request is pending, not a panic.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), request)
+            .await
+            .is_err()
+    );
+}
+
+#[test]
+fn without_a_runtime_live_traffic_reopens_a_tripped_backend() {
+    // The crate runs on any executor. With no tokio runtime there is no
+    // probe task: after the probe interval the breaker lets a request
+    // through, and its success closes the breaker.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (sim, offload) = rt.block_on(async {
+        let mut c = SimConfig::new(
+            "sim",
+            vec![Algorithm::Cipher(CipherAlg::Aes256Xts)],
+            Duration::from_micros(20),
+            1e12,
+        );
+        // Results skipped, so the engine is cheaper than the CPU here (the
+        // replay on the CPU is what is compared).
+        c.compute_results = false;
+        let sim = Arc::new(SimEngine::new(c));
+        let offload = Offload::builder()
+            .backend(sim.clone())
+            .probe_interval(Duration::from_millis(20))
+            .build()
+            .unwrap();
+        offload.calibrate().await.unwrap();
+        (sim, offload)
+    });
+    drop(rt);
+    futures::executor::block_on(async {
+        let len = 32 << 20;
+        let s = offload
+            .cipher(CipherAlg::Aes256Xts, &key(64))
+            .await
+            .unwrap();
+        let reference = Offload::builder()
+            .build()
+            .unwrap()
+            .cipher(CipherAlg::Aes256Xts, &key(64))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.backend_for(Direction::Encrypt, len),
+            "sim",
+            "{:?}",
+            offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
+        );
+        let pt: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        let want = reference.encrypt(&[3; 16], pt.clone()).await.unwrap();
+
+        sim.set_gone(true);
+        let got = s.encrypt(&[3; 16], pt.clone()).await.unwrap();
+        assert_eq!(got, want, "completed on the CPU");
+        assert_eq!(s.backend_for(Direction::Encrypt, len), "cpu", "tripped");
+        assert!(offload.backends()[1].unavailable.is_some());
+
+        sim.set_gone(false);
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(s.backend_for(Direction::Encrypt, len), "sim", "half-open");
+        s.encrypt(&[3; 16], pt).await.unwrap();
+        let b = offload.backends();
+        assert!(b[1].unavailable.is_none(), "closed by the success: {b:?}");
+        assert_eq!(
+            (b[1].stats.breaker_opened, b[1].stats.breaker_closed),
+            (1, 1)
+        );
+        assert_eq!(b[1].stats.requests, 1);
+    });
 }

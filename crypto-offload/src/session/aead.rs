@@ -366,7 +366,8 @@ impl<B: Buffer> Future for SealDetached<'_, B> {
                         Direction::Encrypt,
                         len,
                         predicted,
-                    );
+                    )
+                    .unobserved_if(session.engines.opens_first(slot));
                     if slot == 0 {
                         let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
                         let job = tokio::task::spawn_blocking(move || {
@@ -492,9 +493,11 @@ impl<B: Buffer> Open<'_, B> {
         tag: Option<&[u8]>,
     ) -> Result<([u8; 12], Tag, B), RequestError<B>> {
         let alg = session.alg.into();
-        let tag = match tag {
+        // Nothing is changed in `buf` until every check has passed: on a
+        // parameter error the caller gets it back as it was.
+        let (tag, ct_len) = match tag {
             Some(t) => match <Tag>::try_from(t) {
-                Ok(t) => t,
+                Ok(t) => (t, buf.bytes_mut().len()),
                 Err(_) => {
                     let e = Error::TagLength {
                         alg,
@@ -516,14 +519,17 @@ impl<B: Buffer> Open<'_, B> {
                 };
                 let mut t = [0u8; 16];
                 t.copy_from_slice(&buf.bytes_mut()[ct_len..]);
-                buf.shorten(ct_len);
-                t
+                (t, ct_len)
             }
         };
-        match session.check(nonce, buf.bytes_mut().len()) {
-            Ok(nonce) => Ok((nonce, tag, buf)),
-            Err(e) => Err(RequestError::new(e, buf)),
+        let nonce = match session.check(nonce, ct_len) {
+            Ok(nonce) => nonce,
+            Err(e) => return Err(RequestError::new(e, buf)),
+        };
+        if ct_len < buf.bytes_mut().len() {
+            buf.shorten(ct_len);
         }
+        Ok((nonce, tag, buf))
     }
 }
 
@@ -580,7 +586,8 @@ impl<B: Buffer> Future for Open<'_, B> {
                         Direction::Decrypt,
                         len,
                         predicted,
-                    );
+                    )
+                    .unobserved_if(session.engines.opens_first(slot));
                     if slot == 0 {
                         let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
                         let job = tokio::task::spawn_blocking(move || {

@@ -315,7 +315,10 @@ impl<B: Buffer> Future for CipherRequest<'_, B> {
                         ));
                     }
                     let dispatch =
-                        Dispatch::new(inner, slot, session.alg.into(), dir, len, predicted);
+                        Dispatch::new(inner, slot, session.alg.into(), dir, len, predicted)
+                            .unobserved_if(
+                                plan.is_some_and(|p| p > 1) || session.engines.opens_first(slot),
+                            );
                     if slot == 0 {
                         let cpu = session.cpu.clone();
                         let parts = plan.unwrap_or(1);

@@ -156,7 +156,7 @@ impl Pending<'_> {
     /// Folds the CRC of the piece into the running value.
     fn fold(self, piece: u64) {
         let value = combine(self.alg, self.crc.finalize(), piece, self.len);
-        *self.crc = Crc::resume(self.alg, value, self.crc.len() + self.len);
+        *self.crc = Crc::resume(self.alg, value, self.crc.len().saturating_add(self.len));
         self.dispatch.completed();
     }
 }
@@ -241,7 +241,8 @@ impl<B: Buffer> Future for CrcUpdate<'_, B> {
                             Direction::Encrypt,
                             len,
                             predicted,
-                        ),
+                        )
+                        .unobserved_if(plan.is_some_and(|p| p > 1) || engines.opens_first(slot)),
                     };
                     if slot == 0 {
                         let parts = plan.unwrap_or(1);

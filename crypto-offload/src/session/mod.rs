@@ -100,6 +100,12 @@ impl<C: ?Sized> Engines<C> {
         &self.cells[slot - 1]
     }
 
+    /// Whether a request on `slot` waits for its context to open first (the
+    /// CPU, slot 0, needs none).
+    pub(crate) fn opens_first(&self, slot: usize) -> bool {
+        slot > 0 && !self.cells[slot - 1].initialized()
+    }
+
     /// Names of the backends this session has a context on.
     pub(crate) fn open_on<'a>(&self, inner: &'a Inner) -> Vec<&'a str> {
         self.cells
@@ -135,9 +141,17 @@ pub(crate) struct Dispatch<'a> {
     alg: Algorithm,
     dir: Direction,
     len: usize,
-    started: Instant,
+    started: Started,
     predicted: Option<Prediction>,
     _in_flight: InFlight<'a>,
+}
+
+/// When a dispatched request started. Engines are timed on tokio's clock (a
+/// simulated engine under a paused clock completes in tokio time); CPU jobs
+/// on the wall clock, which is the time they take whatever tokio's clock does.
+enum Started {
+    Tokio(Instant),
+    Wall(std::time::Instant),
 }
 
 impl<'a> Dispatch<'a> {
@@ -155,17 +169,39 @@ impl<'a> Dispatch<'a> {
             alg,
             dir,
             len,
-            started: Instant::now(),
-            predicted,
+            started: if slot == 0 {
+                Started::Wall(std::time::Instant::now())
+            } else {
+                Started::Tokio(Instant::now())
+            },
+            // A request that waits for its device to resume is not a
+            // service time: left out of the model.
+            predicted: predicted.filter(|p| !p.cold),
             _in_flight: InFlight::new(&inner.models[slot].in_flight),
         }
+    }
+
+    /// Leaves this request out of the model, when its time is not the
+    /// service time the model predicts: the session opens its context on the
+    /// engine first, or a CPU job is split over cores (the model is of one
+    /// core).
+    pub(crate) fn unobserved_if(mut self, skip: bool) -> Self {
+        if skip {
+            self.predicted = None;
+        }
+        self
     }
 
     /// The request completed: count it and fold its latency into the model.
     pub(crate) fn completed(self) {
         self.inner.stats[self.slot].served(self.len);
+        self.inner.breakers[self.slot].succeeded();
         if let Some(p) = self.predicted {
-            let observed = self.started.elapsed().as_nanos() as f64;
+            let elapsed = match self.started {
+                Started::Tokio(t) => t.elapsed(),
+                Started::Wall(t) => t.elapsed(),
+            };
+            let observed = elapsed.as_nanos() as f64;
             self.inner.models[self.slot]
                 .entry(self.alg, self.dir)
                 .observe(p.expected, observed);
