@@ -246,8 +246,14 @@ impl Inner {
         dir: Direction,
         len: usize,
     ) -> (usize, Option<Prediction>) {
-        if let Some(p) = self.pinned {
-            return (p, self.predict(p, alg, dir, len).ok());
+        match self.pinned {
+            // Pinned to the CPU: nothing to choose, and nothing for the
+            // model to learn that a choice would use.
+            Some(0) => return (0, None),
+            // Pinned to an engine: its completions still teach its model
+            // (what `explain` reports).
+            Some(p) => return (p, self.predict(p, alg, dir, len).ok()),
+            None => {}
         }
         let best = match self.policy {
             Policy::Latency => match self.cpu_clearly_wins(alg, dir, len) {
