@@ -46,6 +46,9 @@ pub struct BenchArgs {
 /// best round counts (the usual defence against a busy or throttled host).
 const ROUNDS: u32 = 10;
 
+/// Untimed requests before each measurement (at most its own length).
+const WARM_UP: Duration = Duration::from_millis(2);
+
 /// One measured point.
 #[derive(Debug, Clone, Serialize)]
 pub struct Point {
@@ -175,7 +178,15 @@ pub async fn measure(
     let first = session(offload, alg).await?;
     // Warm up: opens the engine context (and resumes the device).
     let mut warm = first.fork(offload, alg).await?;
-    warm.once(vec![0u8; size], u64::MAX).await?;
+    let mut buf = warm.once(vec![0u8; size], u64::MAX).await?;
+    // ...and keeps the core busy for a moment first, so that a target
+    // measured right after an idle one (an engine's long waits) does not
+    // start on a core coming out of idle.
+    let busy = Instant::now() + WARM_UP.min(time);
+    while Instant::now() < busy {
+        buf = warm.once(buf, u64::MAX).await?;
+    }
+    drop(buf);
     let mut streams = vec![first];
     for _ in 1..concurrency.max(1) {
         let s = streams[0].fork(offload, alg).await?;
@@ -310,8 +321,12 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
             // Interleaved rounds, so a drift in the machine's speed touches
             // every target alike.
             let mut acc: Vec<Option<Point>> = vec![None; targets.len()];
-            for _ in 0..ROUNDS {
-                for (t, (name, offload)) in targets.iter().enumerate() {
+            for round in 0..ROUNDS {
+                // Each round starts with the next target, so that no target
+                // always follows the same one.
+                let n = targets.len();
+                for t in (0..n).map(|i| (i + round as usize) % n) {
+                    let (name, offload) = &targets[t];
                     bar.set_message(format!("{} {name} {}", alg.name(), human(size)));
                     let p = measure(offload, alg, size, time / ROUNDS, args.concurrency).await?;
                     acc[t] = Some(match acc[t].take() {

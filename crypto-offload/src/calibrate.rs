@@ -262,7 +262,7 @@ async fn calibrate_engine(
         let left = BUDGET.saturating_sub(started.elapsed());
         if left.is_zero() {
             if let Some(c) = last {
-                inner.models[slot].entry(alg, dir).set(c);
+                inner.set_cost(slot, alg, dir, c);
             }
             continue;
         }
@@ -335,7 +335,7 @@ async fn calibrate_engine(
         if let Some(depth) = backend.queue_depth() {
             cost = cost.with_queue_depth(u32::try_from(depth).unwrap_or(u32::MAX));
         }
-        inner.models[slot].entry(alg, dir).set(cost);
+        inner.set_cost(slot, alg, dir, cost);
         last = Some(cost);
     }
     if let Some(power) = backend.power() {

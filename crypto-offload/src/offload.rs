@@ -47,6 +47,10 @@ pub(crate) struct Inner {
     pub(crate) probe_interval: Duration,
     /// `supported[slot][algorithm index]`, asked of each backend once.
     pub(crate) supported: Vec<Box<[bool]>>,
+    /// Per (algorithm, direction): requests shorter than this run on the CPU
+    /// under the Latency policy without weighing the engines (kept by
+    /// [`Inner::refresh_cpu_bound`]).
+    pub(crate) cpu_bound: Box<[AtomicU64]>,
 }
 
 /// Per-slot counters.
@@ -452,6 +456,7 @@ impl OffloadBuilder {
             pinned,
             policy: self.policy,
             models: (0..slots).map(|_| Model::default()).collect(),
+            cpu_bound: (0..crate::cost::KEYS).map(|_| AtomicU64::new(0)).collect(),
             breakers: (0..slots).map(|_| Breaker::default()).collect(),
             stats: (0..slots).map(|_| Counters::default()).collect(),
             cores,
@@ -465,7 +470,7 @@ impl OffloadBuilder {
                 ) else {
                     continue;
                 };
-                inner.models[slot].entry(alg, e.dir).set(e.cost);
+                inner.set_cost(slot, alg, e.dir, e.cost);
                 inner.models[slot].resume_ns.set(e.resume_ns);
             }
         }

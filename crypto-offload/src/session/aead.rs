@@ -301,21 +301,112 @@ pub struct SealDetached<'a, B> {
 
 type SealJob<B> = tokio::task::JoinHandle<(Result<Tag, crypto_offload_fallback::Error>, B)>;
 
+/// Only `Start` is on the inline CPU path; a request sent to an engine or
+/// the blocking pool is boxed (one allocation beside that round trip), so
+/// that the future stays small and cheap to move.
 enum SealState<'a, B> {
-    Start {
-        nonce: &'a [u8],
-        buf: B,
-    },
-    Engine {
-        nonce: [u8; 12],
-        fut: EngineFuture<'a, (IoBuf, Tag)>,
-        dispatch: Dispatch<'a>,
-    },
-    Cpu {
-        job: SealJob<B>,
-        dispatch: Dispatch<'a>,
-    },
+    Start { nonce: &'a [u8], buf: B },
+    Away(Box<SealAway<'a, B>>),
     Done,
+}
+
+/// A seal on an engine or the blocking pool.
+struct SealAway<'a, B> {
+    dispatch: Dispatch<'a>,
+    /// For the replay on the CPU if the engine fails the request.
+    nonce: [u8; 12],
+    on: On<'a, SealJob<B>, (IoBuf, Tag)>,
+}
+
+/// Where a request sent away runs.
+enum On<'a, J, T> {
+    Engine(EngineFuture<'a, T>),
+    Cpu(J),
+}
+
+impl<'a, B: Buffer> SealDetached<'a, B> {
+    /// Polls a request sent away, keeping it while it is pending.
+    fn poll_away(
+        &mut self,
+        mut away: Box<SealAway<'a, B>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(B, Tag), RequestError<B>>> {
+        let (session, aad) = (self.session, self.aad);
+        let done = match &mut away.on {
+            On::Cpu(job) => match Pin::new(job).poll(cx) {
+                Poll::Pending => None,
+                Poll::Ready(Ok((Ok(tag), buf))) => Some(Ok(Ok((buf, tag)))),
+                Poll::Ready(Ok((Err(e), buf))) => Some(Ok(Err(RequestError::new(
+                    map_error(session.alg.into(), e),
+                    buf,
+                )))),
+                Poll::Ready(Err(e)) => join_failed(e),
+            },
+            On::Engine(fut) => match Pin::new(fut).poll(cx) {
+                Poll::Pending => None,
+                Poll::Ready(Ok((io, tag))) => Some(Ok(Ok((B::from_io(io), tag)))),
+                Poll::Ready(Err(failed)) => Some(Err(failed)),
+            },
+        };
+        let Some(done) = done else {
+            self.state = SealState::Away(away);
+            return Poll::Pending;
+        };
+        let SealAway {
+            dispatch, nonce, ..
+        } = *away;
+        Poll::Ready(match done {
+            Ok(Ok(sealed)) => {
+                dispatch.completed();
+                Ok(sealed)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(failed) => {
+                dispatch.failed(&failed.error);
+                session.seal_cpu(&nonce, aad, B::from_io(failed.buf))
+            }
+        })
+    }
+}
+
+/// Sends a seal to an engine (`slot` > 0) or the blocking pool.
+#[cold]
+#[inline(never)]
+fn send_seal<'a, B: Buffer>(
+    session: &'a AeadSession,
+    aad: &'a [u8],
+    nonce: [u8; 12],
+    mut buf: B,
+    slot: usize,
+    predicted: Option<crate::select::Prediction>,
+) -> Box<SealAway<'a, B>> {
+    let inner = session.offload.shared();
+    let len = buf.bytes_mut().len();
+    let dispatch = Dispatch::new(
+        inner,
+        slot,
+        session.alg.into(),
+        Direction::Encrypt,
+        len,
+        predicted,
+    )
+    .unobserved_if(session.engines.opens_first(slot));
+    let on = if slot == 0 {
+        let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
+        On::Cpu(tokio::task::spawn_blocking(move || {
+            (
+                cpu.seal_in_place_detached(&nonce, &aad, buf.bytes_mut()),
+                buf,
+            )
+        }))
+    } else {
+        On::Engine(session.seal_future(slot, nonce, aad, buf.into_io()))
+    };
+    Box::new(SealAway {
+        dispatch,
+        nonce,
+        on,
+    })
 }
 
 impl<B: Buffer> Future for SealDetached<'_, B> {
@@ -325,111 +416,35 @@ impl<B: Buffer> Future for SealDetached<'_, B> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let (session, aad) = (this.session, this.aad);
-        loop {
-            match mem::replace(&mut this.state, SealState::Done) {
-                SealState::Start { nonce, mut buf } => {
-                    let len = buf.bytes_mut().len();
-                    let budget = spend_budget(
-                        cx,
-                        session.offload.inner(),
-                        0,
-                        session.alg.into(),
-                        Direction::Encrypt,
-                        len,
-                    );
-                    if !budget {
-                        this.state = SealState::Start { nonce, buf };
-                        return Poll::Pending;
-                    }
-                    let nonce = match session.check(nonce, len) {
-                        Ok(n) => n,
-                        Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
-                    };
-                    let inner = session.offload.shared();
-                    let (slot, predicted) =
-                        inner.choose(session.alg.into(), Direction::Encrypt, len);
-                    let alg = session.alg.into();
-                    if slot == 0 && cpu_plan(inner, alg, Direction::Encrypt, len).is_none() {
-                        return Poll::Ready(inline_cpu(
-                            inner,
-                            alg,
-                            Direction::Encrypt,
-                            len,
-                            predicted,
-                            || session.seal_cpu(&nonce, aad, buf),
-                        ));
-                    }
-                    let dispatch = Dispatch::new(
-                        inner,
-                        slot,
-                        session.alg.into(),
-                        Direction::Encrypt,
-                        len,
-                        predicted,
-                    )
-                    .unobserved_if(session.engines.opens_first(slot));
-                    if slot == 0 {
-                        let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
-                        let job = tokio::task::spawn_blocking(move || {
-                            (
-                                cpu.seal_in_place_detached(&nonce, &aad, buf.bytes_mut()),
-                                buf,
-                            )
-                        });
-                        this.state = SealState::Cpu { job, dispatch };
-                    } else {
-                        let fut = session.seal_future(slot, nonce, aad, buf.into_io());
-                        this.state = SealState::Engine {
-                            nonce,
-                            fut,
-                            dispatch,
-                        };
-                    }
-                }
-                SealState::Cpu { mut job, dispatch } => {
-                    return match Pin::new(&mut job).poll(cx) {
-                        Poll::Pending => {
-                            this.state = SealState::Cpu { job, dispatch };
-                            Poll::Pending
-                        }
-                        Poll::Ready(Ok((Ok(tag), buf))) => {
-                            dispatch.completed();
-                            Poll::Ready(Ok((buf, tag)))
-                        }
-                        Poll::Ready(Ok((Err(e), buf))) => Poll::Ready(Err(RequestError::new(
-                            map_error(session.alg.into(), e),
-                            buf,
-                        ))),
-                        Poll::Ready(Err(e)) => join_failed(e),
-                    };
-                }
-                SealState::Engine {
-                    nonce,
-                    mut fut,
-                    dispatch,
-                } => {
-                    return match Pin::new(&mut fut).poll(cx) {
-                        Poll::Pending => {
-                            this.state = SealState::Engine {
-                                nonce,
-                                fut,
-                                dispatch,
-                            };
-                            Poll::Pending
-                        }
-                        Poll::Ready(Ok((io, tag))) => {
-                            dispatch.completed();
-                            Poll::Ready(Ok((B::from_io(io), tag)))
-                        }
-                        Poll::Ready(Err(failed)) => {
-                            dispatch.failed(&failed.error);
-                            Poll::Ready(session.seal_cpu(&nonce, aad, B::from_io(failed.buf)))
-                        }
-                    };
-                }
-                SealState::Done => panic!("SealDetached polled after it completed"),
-            }
+        let (nonce, mut buf) = match mem::replace(&mut this.state, SealState::Done) {
+            SealState::Start { nonce, buf } => (nonce, buf),
+            SealState::Away(away) => return this.poll_away(away, cx),
+            SealState::Done => panic!("SealDetached polled after it completed"),
+        };
+        let alg = session.alg.into();
+        let len = buf.bytes_mut().len();
+        let inner = session.offload.shared();
+        if !spend_budget(cx, inner, 0, alg, Direction::Encrypt, len) {
+            this.state = SealState::Start { nonce, buf };
+            return Poll::Pending;
         }
+        let nonce = match session.check(nonce, len) {
+            Ok(n) => n,
+            Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
+        };
+        let (slot, predicted) = inner.choose(alg, Direction::Encrypt, len);
+        if slot == 0 && cpu_plan(inner, alg, Direction::Encrypt, len).is_none() {
+            return Poll::Ready(inline_cpu(
+                inner,
+                alg,
+                Direction::Encrypt,
+                len,
+                predicted,
+                || session.seal_cpu(&nonce, aad, buf),
+            ));
+        }
+        let away = send_seal(session, aad, nonce, buf, slot, predicted);
+        this.poll_away(away, cx)
     }
 }
 
@@ -463,6 +478,7 @@ pub struct Open<'a, B> {
 
 type OpenJob<B> = tokio::task::JoinHandle<(Result<(), crypto_offload_fallback::Error>, B)>;
 
+/// Only `Start` is on the inline CPU path; a request sent away is boxed.
 enum OpenState<'a, B> {
     /// `tag`: detached, or `None` for the buffer's last 16 bytes.
     Start {
@@ -470,17 +486,17 @@ enum OpenState<'a, B> {
         buf: B,
         tag: Option<&'a [u8]>,
     },
-    Engine {
-        nonce: [u8; 12],
-        tag: Tag,
-        fut: EngineFuture<'a, IoBuf>,
-        dispatch: Dispatch<'a>,
-    },
-    Cpu {
-        job: OpenJob<B>,
-        dispatch: Dispatch<'a>,
-    },
+    Away(Box<OpenAway<'a, B>>),
     Done,
+}
+
+/// An open on an engine or the blocking pool.
+struct OpenAway<'a, B> {
+    dispatch: Dispatch<'a>,
+    /// For the replay on the CPU if the engine fails the request.
+    nonce: [u8; 12],
+    tag: Tag,
+    on: On<'a, OpenJob<B>, IoBuf>,
 }
 
 impl<B: Buffer> Open<'_, B> {
@@ -533,6 +549,104 @@ impl<B: Buffer> Open<'_, B> {
     }
 }
 
+impl<'a, B: Buffer> Open<'a, B> {
+    /// Polls a request sent away, keeping it while it is pending.
+    fn poll_away(
+        &mut self,
+        mut away: Box<OpenAway<'a, B>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<B, RequestError<B>>> {
+        let (session, aad) = (self.session, self.aad);
+        let done = match &mut away.on {
+            On::Cpu(job) => match Pin::new(job).poll(cx) {
+                Poll::Pending => None,
+                Poll::Ready(Ok((Ok(()), buf))) => Some(Ok(Ok(buf))),
+                Poll::Ready(Ok((Err(e), buf))) => Some(Ok(Err(RequestError::new(
+                    map_error(session.alg.into(), e),
+                    buf,
+                )))),
+                Poll::Ready(Err(e)) => join_failed(e),
+            },
+            On::Engine(fut) => match Pin::new(fut).poll(cx) {
+                Poll::Pending => None,
+                Poll::Ready(Ok(io)) => Some(Ok(Ok(B::from_io(io)))),
+                // The data's fault, not the engine's: no breaker.
+                Poll::Ready(Err(failed))
+                    if matches!(failed.error, BackendError::Authentication) =>
+                {
+                    Some(Ok(Err(RequestError::new(
+                        Error::Authentication,
+                        wiped(failed.buf),
+                    ))))
+                }
+                Poll::Ready(Err(failed)) => Some(Err(failed)),
+            },
+        };
+        let Some(done) = done else {
+            self.state = OpenState::Away(away);
+            return Poll::Pending;
+        };
+        let OpenAway {
+            dispatch,
+            nonce,
+            tag,
+            ..
+        } = *away;
+        Poll::Ready(match done {
+            // A tag that does not verify is a completed request too.
+            Ok(result) => {
+                dispatch.completed();
+                result
+            }
+            Err(failed) => {
+                dispatch.failed(&failed.error);
+                session.open_cpu(&nonce, aad, B::from_io(failed.buf), &tag)
+            }
+        })
+    }
+}
+
+/// Sends an open to an engine (`slot` > 0) or the blocking pool.
+#[cold]
+#[inline(never)]
+fn send_open<'a, B: Buffer>(
+    session: &'a AeadSession,
+    aad: &'a [u8],
+    (nonce, tag): ([u8; 12], Tag),
+    mut buf: B,
+    slot: usize,
+    predicted: Option<crate::select::Prediction>,
+) -> Box<OpenAway<'a, B>> {
+    let inner = session.offload.shared();
+    let len = buf.bytes_mut().len();
+    let dispatch = Dispatch::new(
+        inner,
+        slot,
+        session.alg.into(),
+        Direction::Decrypt,
+        len,
+        predicted,
+    )
+    .unobserved_if(session.engines.opens_first(slot));
+    let on = if slot == 0 {
+        let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
+        On::Cpu(tokio::task::spawn_blocking(move || {
+            (
+                cpu.open_in_place_detached(&nonce, &aad, buf.bytes_mut(), &tag),
+                buf,
+            )
+        }))
+    } else {
+        On::Engine(session.open_future(slot, nonce, aad, buf.into_io(), tag))
+    };
+    Box::new(OpenAway {
+        dispatch,
+        nonce,
+        tag,
+        on,
+    })
+}
+
 impl<B: Buffer> Future for Open<'_, B> {
     type Output = Result<B, RequestError<B>>;
 
@@ -540,132 +654,37 @@ impl<B: Buffer> Future for Open<'_, B> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let (session, aad) = (this.session, this.aad);
-        loop {
-            match mem::replace(&mut this.state, OpenState::Done) {
-                OpenState::Start {
-                    nonce,
-                    mut buf,
-                    tag,
-                } => {
-                    let len = buf.bytes_mut().len();
-                    let budget = spend_budget(
-                        cx,
-                        session.offload.inner(),
-                        0,
-                        session.alg.into(),
-                        Direction::Decrypt,
-                        len,
-                    );
-                    if !budget {
-                        this.state = OpenState::Start { nonce, buf, tag };
-                        return Poll::Pending;
-                    }
-                    let (nonce, tag, mut buf) = match Self::start(session, nonce, buf, tag) {
-                        Ok(v) => v,
-                        Err(e) => return Poll::Ready(Err(e)),
-                    };
-                    let len = buf.bytes_mut().len();
-                    let inner = session.offload.shared();
-                    let (slot, predicted) =
-                        inner.choose(session.alg.into(), Direction::Decrypt, len);
-                    let alg = session.alg.into();
-                    if slot == 0 && cpu_plan(inner, alg, Direction::Decrypt, len).is_none() {
-                        return Poll::Ready(inline_cpu(
-                            inner,
-                            alg,
-                            Direction::Decrypt,
-                            len,
-                            predicted,
-                            || session.open_cpu(&nonce, aad, buf, &tag),
-                        ));
-                    }
-                    let dispatch = Dispatch::new(
-                        inner,
-                        slot,
-                        session.alg.into(),
-                        Direction::Decrypt,
-                        len,
-                        predicted,
-                    )
-                    .unobserved_if(session.engines.opens_first(slot));
-                    if slot == 0 {
-                        let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
-                        let job = tokio::task::spawn_blocking(move || {
-                            (
-                                cpu.open_in_place_detached(&nonce, &aad, buf.bytes_mut(), &tag),
-                                buf,
-                            )
-                        });
-                        this.state = OpenState::Cpu { job, dispatch };
-                    } else {
-                        let fut = session.open_future(slot, nonce, aad, buf.into_io(), tag);
-                        this.state = OpenState::Engine {
-                            nonce,
-                            tag,
-                            fut,
-                            dispatch,
-                        };
-                    }
-                }
-                OpenState::Cpu { mut job, dispatch } => {
-                    return match Pin::new(&mut job).poll(cx) {
-                        Poll::Pending => {
-                            this.state = OpenState::Cpu { job, dispatch };
-                            Poll::Pending
-                        }
-                        Poll::Ready(Ok((Ok(()), buf))) => {
-                            dispatch.completed();
-                            Poll::Ready(Ok(buf))
-                        }
-                        Poll::Ready(Ok((Err(e), buf))) => {
-                            dispatch.completed();
-                            Poll::Ready(Err(RequestError::new(
-                                map_error(session.alg.into(), e),
-                                buf,
-                            )))
-                        }
-                        Poll::Ready(Err(e)) => join_failed(e),
-                    };
-                }
-                OpenState::Engine {
-                    nonce,
-                    tag,
-                    mut fut,
-                    dispatch,
-                } => {
-                    return match Pin::new(&mut fut).poll(cx) {
-                        Poll::Pending => {
-                            this.state = OpenState::Engine {
-                                nonce,
-                                tag,
-                                fut,
-                                dispatch,
-                            };
-                            Poll::Pending
-                        }
-                        Poll::Ready(Ok(io)) => {
-                            dispatch.completed();
-                            Poll::Ready(Ok(B::from_io(io)))
-                        }
-                        Poll::Ready(Err(failed))
-                            if matches!(failed.error, BackendError::Authentication) =>
-                        {
-                            // The data's fault, not the engine's: no breaker.
-                            dispatch.completed();
-                            Poll::Ready(Err(RequestError::new(
-                                Error::Authentication,
-                                wiped(failed.buf),
-                            )))
-                        }
-                        Poll::Ready(Err(failed)) => {
-                            dispatch.failed(&failed.error);
-                            Poll::Ready(session.open_cpu(&nonce, aad, B::from_io(failed.buf), &tag))
-                        }
-                    };
-                }
-                OpenState::Done => panic!("Open polled after it completed"),
-            }
+        let (nonce, mut buf, tag) = match mem::replace(&mut this.state, OpenState::Done) {
+            OpenState::Start { nonce, buf, tag } => (nonce, buf, tag),
+            OpenState::Away(away) => return this.poll_away(away, cx),
+            OpenState::Done => panic!("Open polled after it completed"),
+        };
+        let alg = session.alg.into();
+        let len = buf.bytes_mut().len();
+        let inner = session.offload.shared();
+        if !spend_budget(cx, inner, 0, alg, Direction::Decrypt, len) {
+            this.state = OpenState::Start { nonce, buf, tag };
+            return Poll::Pending;
         }
+        let (nonce, tag, buf) = match Self::start(session, nonce, buf, tag) {
+            Ok(v) => v,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let mut buf = buf;
+        let len = buf.bytes_mut().len();
+        let (slot, predicted) = inner.choose(alg, Direction::Decrypt, len);
+        if slot == 0 && cpu_plan(inner, alg, Direction::Decrypt, len).is_none() {
+            return Poll::Ready(inline_cpu(
+                inner,
+                alg,
+                Direction::Decrypt,
+                len,
+                predicted,
+                || session.open_cpu(&nonce, aad, buf, &tag),
+            ));
+        }
+        let away = send_open(session, aad, (nonce, tag), buf, slot, predicted);
+        this.poll_away(away, cx)
     }
 }
 

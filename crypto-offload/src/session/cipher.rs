@@ -234,21 +234,26 @@ pub struct CipherRequest<'a, B> {
 
 type CpuJob<B> = tokio::task::JoinHandle<(Result<(), crypto_offload_fallback::Error>, B)>;
 
+/// The request's state. Only `Start` is on the inline CPU path; a request
+/// sent to an engine or the blocking pool is boxed (one allocation beside
+/// that round trip), so that the future stays small and cheap to move.
 enum State<'a, B> {
-    Start {
-        iv: &'a [u8],
-        buf: B,
-    },
-    Engine {
-        params: CipherParams,
-        fut: EngineFuture<'a, IoBuf>,
-        dispatch: Dispatch<'a>,
-    },
-    Cpu {
-        job: CpuJob<B>,
-        dispatch: Dispatch<'a>,
-    },
+    Start { iv: &'a [u8], buf: B },
+    Away(Box<Away<'a, B>>),
     Done,
+}
+
+/// A request on an engine or the blocking pool.
+struct Away<'a, B> {
+    dispatch: Dispatch<'a>,
+    /// For the replay on the CPU if the engine fails the request.
+    params: CipherParams,
+    on: On<'a, B>,
+}
+
+enum On<'a, B> {
+    Engine(EngineFuture<'a, IoBuf>),
+    Cpu(CpuJob<B>),
 }
 
 impl<'a, B: Buffer> CipherRequest<'a, B> {
@@ -259,6 +264,86 @@ impl<'a, B: Buffer> CipherRequest<'a, B> {
             state: State::Start { iv, buf },
         }
     }
+
+    /// Polls a request sent away, keeping it while it is pending.
+    fn poll_away(
+        &mut self,
+        mut away: Box<Away<'a, B>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<B, RequestError<B>>> {
+        let session = self.session;
+        let done = match &mut away.on {
+            On::Cpu(job) => match Pin::new(job).poll(cx) {
+                Poll::Pending => None,
+                Poll::Ready(Ok((Ok(()), buf))) => Some(Ok(Ok(buf))),
+                Poll::Ready(Ok((Err(e), buf))) => Some(Ok(Err(RequestError::new(
+                    map_error(session.alg.into(), e),
+                    buf,
+                )))),
+                Poll::Ready(Err(e)) => join_failed(e),
+            },
+            On::Engine(fut) => match Pin::new(fut).poll(cx) {
+                Poll::Pending => None,
+                Poll::Ready(Ok(io)) => Some(Ok(Ok(B::from_io(io)))),
+                Poll::Ready(Err(failed)) => Some(Err(failed)),
+            },
+        };
+        let Some(done) = done else {
+            self.state = State::Away(away);
+            return Poll::Pending;
+        };
+        let Away {
+            dispatch, params, ..
+        } = *away;
+        Poll::Ready(match done {
+            Ok(result) => {
+                dispatch.completed();
+                result
+            }
+            Err(failed) => {
+                dispatch.failed(&failed.error);
+                session.run_cpu(self.encrypt, &params, B::from_io(failed.buf))
+            }
+        })
+    }
+}
+
+/// Sends a request to an engine (`slot` > 0) or the blocking pool.
+#[cold]
+#[inline(never)]
+fn send_away<'a, B: Buffer>(
+    session: &'a CipherSession,
+    encrypt: bool,
+    params: CipherParams,
+    mut buf: B,
+    slot: usize,
+    plan: Option<usize>,
+    predicted: Option<crate::select::Prediction>,
+) -> Box<Away<'a, B>> {
+    let inner = session.offload.shared();
+    let dir = if encrypt {
+        Direction::Encrypt
+    } else {
+        Direction::Decrypt
+    };
+    let len = buf.bytes_mut().len();
+    let dispatch = Dispatch::new(inner, slot, session.alg.into(), dir, len, predicted)
+        .unobserved_if(plan.is_some_and(|p| p > 1) || session.engines.opens_first(slot));
+    let on = if slot == 0 {
+        let cpu = session.cpu.clone();
+        let parts = plan.unwrap_or(1);
+        On::Cpu(tokio::task::spawn_blocking(move || {
+            let r = cpu.run_split(encrypt, &params, buf.bytes_mut(), parts);
+            (r, buf)
+        }))
+    } else {
+        On::Engine(session.engine_future(slot, encrypt, params, buf.into_io()))
+    };
+    Box::new(Away {
+        dispatch,
+        params,
+        on,
+    })
 }
 
 impl<B> fmt::Debug for CipherRequest<'_, B> {
@@ -276,109 +361,40 @@ impl<B: Buffer> Future for CipherRequest<'_, B> {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let session = this.session;
-        let encrypt = this.encrypt;
+        let (session, encrypt) = (this.session, this.encrypt);
+        let (iv, mut buf) = match mem::replace(&mut this.state, State::Done) {
+            State::Start { iv, buf } => (iv, buf),
+            State::Away(away) => return this.poll_away(away, cx),
+            State::Done => panic!("CipherRequest polled after it completed"),
+        };
         let dir = if encrypt {
             Direction::Encrypt
         } else {
             Direction::Decrypt
         };
-        loop {
-            match mem::replace(&mut this.state, State::Done) {
-                State::Start { iv, mut buf } => {
-                    let len = buf.bytes_mut().len();
-                    let budget =
-                        spend_budget(cx, session.offload.inner(), 0, session.alg.into(), dir, len);
-                    if !budget {
-                        this.state = State::Start { iv, buf };
-                        return Poll::Pending;
-                    }
-                    let params = match session.params(iv, len) {
-                        Ok(p) => p,
-                        Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
-                    };
-                    let inner = session.offload.shared();
-                    let (slot, predicted) = inner.choose(session.alg.into(), dir, len);
-                    let plan = if slot == 0 {
-                        cpu_plan(inner, session.alg.into(), dir, len)
-                    } else {
-                        None
-                    };
-                    if slot == 0 && plan.is_none() {
-                        return Poll::Ready(inline_cpu(
-                            inner,
-                            session.alg.into(),
-                            dir,
-                            len,
-                            predicted,
-                            || session.run_cpu(encrypt, &params, buf),
-                        ));
-                    }
-                    let dispatch =
-                        Dispatch::new(inner, slot, session.alg.into(), dir, len, predicted)
-                            .unobserved_if(
-                                plan.is_some_and(|p| p > 1) || session.engines.opens_first(slot),
-                            );
-                    if slot == 0 {
-                        let cpu = session.cpu.clone();
-                        let parts = plan.unwrap_or(1);
-                        let job = tokio::task::spawn_blocking(move || {
-                            let r = cpu.run_split(encrypt, &params, buf.bytes_mut(), parts);
-                            (r, buf)
-                        });
-                        this.state = State::Cpu { job, dispatch };
-                    } else {
-                        let fut = session.engine_future(slot, encrypt, params, buf.into_io());
-                        this.state = State::Engine {
-                            params,
-                            fut,
-                            dispatch,
-                        };
-                    }
-                }
-                State::Cpu { mut job, dispatch } => {
-                    return match Pin::new(&mut job).poll(cx) {
-                        Poll::Pending => {
-                            this.state = State::Cpu { job, dispatch };
-                            Poll::Pending
-                        }
-                        Poll::Ready(Ok((Ok(()), buf))) => {
-                            dispatch.completed();
-                            Poll::Ready(Ok(buf))
-                        }
-                        Poll::Ready(Ok((Err(e), buf))) => Poll::Ready(Err(RequestError::new(
-                            map_error(session.alg.into(), e),
-                            buf,
-                        ))),
-                        Poll::Ready(Err(e)) => join_failed(e),
-                    };
-                }
-                State::Engine {
-                    params,
-                    mut fut,
-                    dispatch,
-                } => {
-                    return match Pin::new(&mut fut).poll(cx) {
-                        Poll::Pending => {
-                            this.state = State::Engine {
-                                params,
-                                fut,
-                                dispatch,
-                            };
-                            Poll::Pending
-                        }
-                        Poll::Ready(Ok(io)) => {
-                            dispatch.completed();
-                            Poll::Ready(Ok(B::from_io(io)))
-                        }
-                        Poll::Ready(Err(failed)) => {
-                            dispatch.failed(&failed.error);
-                            Poll::Ready(session.run_cpu(encrypt, &params, B::from_io(failed.buf)))
-                        }
-                    };
-                }
-                State::Done => panic!("CipherRequest polled after it completed"),
-            }
+        let alg = session.alg.into();
+        let len = buf.bytes_mut().len();
+        let inner = session.offload.shared();
+        if !spend_budget(cx, inner, 0, alg, dir, len) {
+            this.state = State::Start { iv, buf };
+            return Poll::Pending;
         }
+        let params = match session.params(iv, len) {
+            Ok(p) => p,
+            Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
+        };
+        let (slot, predicted) = inner.choose(alg, dir, len);
+        let plan = if slot == 0 {
+            cpu_plan(inner, alg, dir, len)
+        } else {
+            None
+        };
+        if slot == 0 && plan.is_none() {
+            return Poll::Ready(inline_cpu(inner, alg, dir, len, predicted, || {
+                session.run_cpu(encrypt, &params, buf)
+            }));
+        }
+        let away = send_away(session, encrypt, params, buf, slot, plan, predicted);
+        this.poll_away(away, cx)
     }
 }

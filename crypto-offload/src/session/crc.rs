@@ -10,7 +10,8 @@ use crypto_offload_fallback::{Crc, combine};
 use tracing::Instrument;
 
 use super::{
-    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_plan, inline_cpu, join_failed, spend_budget,
+    BoxedRequest, Dispatch, EngineFuture, Engines, Prediction, cpu_plan, inline_cpu, join_failed,
+    spend_budget,
 };
 use crate::alg::CrcAlg;
 use crate::backend::{CrcContext, Failed};
@@ -161,11 +162,18 @@ impl Pending<'_> {
     }
 }
 
+/// The request's state. Only `Start` is on the inline CPU path; the states
+/// of a request that was sent away are boxed (one allocation beside an
+/// engine round trip or a blocking-pool hand-off), so that the future stays
+/// small and cheap to move for the common case.
 enum UpdateState<'a, B> {
-    Start {
-        session: &'a mut CrcSession,
-        buf: B,
-    },
+    Start { session: &'a mut CrcSession, buf: B },
+    Away(Box<Away<'a, B>>),
+    Done,
+}
+
+/// A request on an engine or the blocking pool.
+enum Away<'a, B> {
     Engine {
         fut: EngineFuture<'a, (IoBuf, u64)>,
         pending: Pending<'a>,
@@ -174,7 +182,6 @@ enum UpdateState<'a, B> {
         job: CrcJob<B>,
         pending: Pending<'a>,
     },
-    Done,
 }
 
 impl<B> fmt::Debug for CrcUpdate<'_, B> {
@@ -189,122 +196,146 @@ impl<B: Buffer> Future for CrcUpdate<'_, B> {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        loop {
-            match mem::replace(&mut this.state, UpdateState::Done) {
-                UpdateState::Start { session, mut buf } => {
-                    let len = buf.bytes_mut().len();
-                    let budget = spend_budget(
-                        cx,
-                        session.offload.inner(),
-                        0,
-                        session.alg.into(),
-                        Direction::Encrypt,
-                        len,
-                    );
-                    if !budget {
-                        this.state = UpdateState::Start { session, buf };
-                        return Poll::Pending;
-                    }
-                    let CrcSession {
-                        alg,
-                        state,
-                        engines,
-                        offload,
-                    } = session;
-                    let alg = *alg;
-                    let inner = offload.shared();
-                    let (slot, predicted) = inner.choose(alg.into(), Direction::Encrypt, len);
-                    let plan = if slot == 0 {
-                        cpu_plan(inner, alg.into(), Direction::Encrypt, len)
-                    } else {
-                        None
-                    };
-                    if slot == 0 && plan.is_none() {
-                        inline_cpu(
-                            inner,
-                            alg.into(),
-                            Direction::Encrypt,
-                            len,
-                            predicted,
-                            || state.update(buf.bytes_mut()),
-                        );
-                        return Poll::Ready(Ok(buf));
-                    }
-                    let pending = Pending {
-                        alg,
-                        crc: state,
-                        len: len as u64,
-                        dispatch: Dispatch::new(
-                            inner,
-                            slot,
-                            alg.into(),
-                            Direction::Encrypt,
-                            len,
-                            predicted,
-                        )
-                        .unobserved_if(plan.is_some_and(|p| p > 1) || engines.opens_first(slot)),
-                    };
-                    if slot == 0 {
-                        let parts = plan.unwrap_or(1);
-                        let job = tokio::task::spawn_blocking(move || {
-                            (checksum_split(alg, buf.bytes_mut(), parts), buf)
-                        });
-                        this.state = UpdateState::Cpu { job, pending };
-                    } else {
-                        let backend = &inner.backends[slot - 1];
-                        let span =
-                            tracing::trace_span!("crc", backend = backend.name(), alg = %alg, len);
-                        let cell = engines.cell(slot);
-                        let io = buf.into_io();
-                        let fut: BoxedRequest<'_, (IoBuf, u64)> = match cell.get() {
-                            Some(ctx) => ctx.checksum(io),
-                            None => Box::pin(async move {
-                                match cell.get_or_try_init(|| backend.open_crc(alg)).await {
-                                    Ok(ctx) => ctx.checksum(io).await,
-                                    Err(e) => Err(Failed::new(e, io)),
-                                }
-                            }),
-                        };
-                        this.state = UpdateState::Engine {
-                            fut: fut.instrument(span),
-                            pending,
-                        };
-                    }
-                }
-                UpdateState::Cpu { mut job, pending } => {
-                    return match Pin::new(&mut job).poll(cx) {
-                        Poll::Pending => {
-                            this.state = UpdateState::Cpu { job, pending };
-                            Poll::Pending
-                        }
-                        Poll::Ready(Ok((piece, buf))) => {
-                            pending.fold(piece);
-                            Poll::Ready(Ok(buf))
-                        }
-                        Poll::Ready(Err(e)) => join_failed(e),
-                    };
-                }
-                UpdateState::Engine { mut fut, pending } => {
-                    return match Pin::new(&mut fut).poll(cx) {
-                        Poll::Pending => {
-                            this.state = UpdateState::Engine { fut, pending };
-                            Poll::Pending
-                        }
-                        Poll::Ready(Ok((io, piece))) => {
-                            pending.fold(piece);
-                            Poll::Ready(Ok(B::from_io(io)))
-                        }
-                        Poll::Ready(Err(failed)) => {
-                            let Pending { crc, dispatch, .. } = pending;
-                            dispatch.failed(&failed.error);
-                            let mut buf = B::from_io(failed.buf);
-                            crc.update(buf.bytes_mut());
-                            Poll::Ready(Ok(buf))
-                        }
-                    };
-                }
-                UpdateState::Done => panic!("CrcUpdate polled after it completed"),
+        let (session, mut buf) = match mem::replace(&mut this.state, UpdateState::Done) {
+            UpdateState::Start { session, buf } => (session, buf),
+            UpdateState::Away(away) => return this.poll_away(away, cx),
+            UpdateState::Done => panic!("CrcUpdate polled after it completed"),
+        };
+        let len = buf.bytes_mut().len();
+        let alg = session.alg;
+        let inner = session.offload.shared();
+        if !spend_budget(cx, inner, 0, alg.into(), Direction::Encrypt, len) {
+            this.state = UpdateState::Start { session, buf };
+            return Poll::Pending;
+        }
+        let (slot, predicted) = inner.choose(alg.into(), Direction::Encrypt, len);
+        let plan = if slot == 0 {
+            cpu_plan(inner, alg.into(), Direction::Encrypt, len)
+        } else {
+            None
+        };
+        if slot == 0 && plan.is_none() {
+            let state = &mut session.state;
+            inline_cpu(
+                inner,
+                alg.into(),
+                Direction::Encrypt,
+                len,
+                predicted,
+                || state.update(buf.bytes_mut()),
+            );
+            return Poll::Ready(Ok(buf));
+        }
+        let away = send_away(session, buf, slot, plan, predicted);
+        this.poll_away(away, cx)
+    }
+}
+
+impl<'a, B: Buffer> CrcUpdate<'a, B> {
+    fn poll_away(
+        &mut self,
+        away: Box<Away<'a, B>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<B, RequestError<B>>> {
+        match away.poll(cx) {
+            Ok(done) => Poll::Ready(done),
+            Err(away) => {
+                self.state = UpdateState::Away(away);
+                Poll::Pending
             }
         }
+    }
+}
+
+/// Sends a request to an engine (`slot` > 0) or the blocking pool.
+#[cold]
+#[inline(never)]
+fn send_away<'a, B: Buffer>(
+    session: &'a mut CrcSession,
+    buf: B,
+    slot: usize,
+    plan: Option<usize>,
+    predicted: Option<Prediction>,
+) -> Box<Away<'a, B>> {
+    let CrcSession {
+        alg,
+        state,
+        engines,
+        offload,
+    } = session;
+    let alg = *alg;
+    let inner = offload.shared();
+    let mut buf = buf;
+    let len = buf.bytes_mut().len();
+    let pending = Pending {
+        alg,
+        crc: state,
+        len: len as u64,
+        dispatch: Dispatch::new(inner, slot, alg.into(), Direction::Encrypt, len, predicted)
+            .unobserved_if(plan.is_some_and(|p| p > 1) || engines.opens_first(slot)),
+    };
+    if slot == 0 {
+        let parts = plan.unwrap_or(1);
+        let job =
+            tokio::task::spawn_blocking(move || (checksum_split(alg, buf.bytes_mut(), parts), buf));
+        return Box::new(Away::Cpu { job, pending });
+    }
+    let backend = &inner.backends[slot - 1];
+    let span = tracing::trace_span!("crc", backend = backend.name(), alg = %alg, len);
+    let cell = engines.cell(slot);
+    let io = buf.into_io();
+    let fut: BoxedRequest<'_, (IoBuf, u64)> = match cell.get() {
+        Some(ctx) => ctx.checksum(io),
+        None => Box::pin(async move {
+            match cell.get_or_try_init(|| backend.open_crc(alg)).await {
+                Ok(ctx) => ctx.checksum(io).await,
+                Err(e) => Err(Failed::new(e, io)),
+            }
+        }),
+    };
+    Box::new(Away::Engine {
+        fut: fut.instrument(span),
+        pending,
+    })
+}
+
+/// What a request sent away came back with.
+enum Outcome<B> {
+    Cpu(Result<(u64, B), tokio::task::JoinError>),
+    Engine(Result<(IoBuf, u64), Failed>),
+}
+
+impl<B: Buffer> Away<'_, B> {
+    /// Polls the request: `Err(self)` while it is pending.
+    fn poll(
+        mut self: Box<Self>,
+        cx: &mut Context<'_>,
+    ) -> Result<Result<B, RequestError<B>>, Box<Self>> {
+        let outcome = match &mut *self {
+            Away::Cpu { job, .. } => Pin::new(job).poll(cx).map(Outcome::Cpu),
+            Away::Engine { fut, .. } => Pin::new(fut).poll(cx).map(Outcome::Engine),
+        };
+        let Poll::Ready(outcome) = outcome else {
+            return Err(self);
+        };
+        let (Away::Cpu { pending, .. } | Away::Engine { pending, .. }) = *self;
+        Ok(match outcome {
+            Outcome::Cpu(Ok((piece, buf))) => {
+                pending.fold(piece);
+                Ok(buf)
+            }
+            Outcome::Cpu(Err(e)) => join_failed(e),
+            Outcome::Engine(Ok((io, piece))) => {
+                pending.fold(piece);
+                Ok(B::from_io(io))
+            }
+            Outcome::Engine(Err(failed)) => {
+                let Pending { crc, dispatch, .. } = pending;
+                dispatch.failed(&failed.error);
+                let mut buf = B::from_io(failed.buf);
+                crc.update(buf.bytes_mut());
+                Ok(buf)
+            }
+        })
     }
 }

@@ -202,9 +202,8 @@ impl<'a> Dispatch<'a> {
                 Started::Wall(t) => t.elapsed(),
             };
             let observed = elapsed.as_nanos() as f64;
-            self.inner.models[self.slot]
-                .entry(self.alg, self.dir)
-                .observe(p.expected, observed);
+            self.inner
+                .observe(self.slot, self.alg, self.dir, p.expected, observed);
         }
     }
 
@@ -220,7 +219,7 @@ impl<'a> Dispatch<'a> {
 
 /// Runs `f`, an inline CPU request: counted, and — when the `Offload` has
 /// engines to weigh the CPU against — tracked in flight (the Throughput
-/// policy watches it) and, one request in 16, timed into the CPU's model.
+/// policy watches it) and, one request in 64, timed into the CPU's model.
 #[inline]
 pub(crate) fn inline_cpu<T>(
     inner: &Inner,
@@ -237,18 +236,30 @@ pub(crate) fn inline_cpu<T>(
     // Only the Throughput policy weighs the CPU's load.
     let _in_flight = (inner.policy == crate::select::Policy::Throughput)
         .then(|| InFlight::new(&inner.models[0].in_flight));
-    let Some(p) = predicted.filter(|_| sample_now()) else {
+    if !sample_now() {
         return f();
+    }
+    // Inline, the request does not queue: it is compared with the bare
+    // service time (the selector's fast path makes no prediction).
+    let base = match predicted {
+        Some(p) => p.base,
+        None => match inner.models[0].entry(alg, dir).cost() {
+            Some(c) => c.latency_ns(len),
+            None => return f(),
+        },
     };
     // Real time: CPU work does not advance tokio's (possibly paused) clock.
     let start = std::time::Instant::now();
     let out = f();
     let observed = start.elapsed().as_nanos() as f64;
-    inner.models[0].entry(alg, dir).observe(p.base, observed); // inline: no queue
+    inner.observe(0, alg, dir, base, observed);
     out
 }
 
-/// One call in 16 on each thread (no shared counter to contend on).
+/// One call in 64 on each thread (no shared counter to contend on): two
+/// clock reads cost ~50 ns here, so timing every request would double the
+/// cost of a small one; one in 64 is under 1 ns a request and still
+/// thousands of samples a second on a busy session.
 fn sample_now() -> bool {
     thread_local! {
         static TICK: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
@@ -256,7 +267,7 @@ fn sample_now() -> bool {
     TICK.with(|t| {
         let n = t.get().wrapping_add(1);
         t.set(n);
-        n.is_multiple_of(16)
+        n.is_multiple_of(64)
     })
 }
 
