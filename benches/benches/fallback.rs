@@ -55,6 +55,25 @@ macro_rules! each_size {
     };
 }
 
+/// GCM split over threads against the serial call, per implementation, at
+/// sizes a blocking-pool job has (the session splits only from
+/// `Gcm::PARALLEL_MIN_THREADS` threads; this shows why).
+fn gcm_threads(c: &mut Criterion) {
+    let mut g = group(c, "gcm-128-seal-threads");
+    let nonce = [3u8; 12];
+    for &imp in Implementation::ALL {
+        let k = Gcm::with_implementation(&KEY[..16], imp).unwrap();
+        for threads in [1usize, 2] {
+            let name = format!("{}-{threads}-thread", imp.name());
+            each_size!(g, &name, &[1 << 20, 16 << 20], |buf| black_box(
+                k.seal_in_place_detached_parallel(&nonce, b"", &mut buf, threads)
+                    .unwrap()
+            ));
+        }
+    }
+    g.finish();
+}
+
 fn gcm(c: &mut Criterion) {
     let mut g = group(c, "gcm-128-seal");
     let nonce = [3u8; 12];
@@ -280,5 +299,5 @@ fn crc(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, gcm, ctr, cbc, xts, crc);
+criterion_group!(benches, gcm, gcm_threads, ctr, cbc, xts, crc);
 criterion_main!(benches);

@@ -119,3 +119,40 @@ fn large_requests_outside_a_runtime_run_inline() {
         .unwrap();
     assert_eq!(out, want);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcm_split_over_cores_matches_the_fallback_and_still_authenticates() {
+    // Long enough that a GCM job leaves the worker and, with 3+ cores, runs
+    // on several threads (GHASH combined).
+    let len = (16 << 20) + 16 * 5 + 7;
+    let pt = data(len, 3);
+    let mut want = pt.clone();
+    let tag = fb::Gcm::new(&key(16))
+        .unwrap()
+        .seal_in_place_detached(&[9; 12], b"header", &mut want)
+        .unwrap();
+    for cores in [2usize, 3, 8] {
+        let offload = Offload::builder().cores(cores).build().unwrap();
+        let gcm = offload.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
+        let (ct, got) = gcm
+            .seal_detached(&[9; 12], b"header", pt.clone())
+            .await
+            .unwrap();
+        assert_eq!(got, tag, "tag, {cores} cores");
+        assert!(ct == want, "ciphertext, {cores} cores");
+        let back = gcm
+            .open_detached(&[9; 12], b"header", ct.clone(), &tag)
+            .await
+            .unwrap();
+        assert!(back == pt, "open, {cores} cores");
+        let mut bad = ct;
+        bad[len / 2] ^= 1;
+        let (e, buf) = gcm
+            .open_detached(&[9; 12], b"header", bad, &tag)
+            .await
+            .unwrap_err()
+            .into_parts();
+        assert!(matches!(e, crypto_offload::Error::Authentication), "{e}");
+        assert!(buf.iter().all(|&b| b == 0), "no plaintext released");
+    }
+}

@@ -30,6 +30,20 @@ type Aes192Gcm = AesGcm<aes::Aes192, U12>;
 /// An AES-GCM key.
 pub struct Gcm {
     imp: Imp,
+    /// The key itself, for the parallel path's CTR key (built per request:
+    /// ~100 ns beside a request long enough to split). Wiped on drop.
+    key: KeyBytes,
+}
+
+struct KeyBytes {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl Drop for KeyBytes {
+    fn drop(&mut self) {
+        self.bytes.zeroize();
+    }
 }
 
 // The key schedules stay inline (no pointer chase per request).
@@ -100,7 +114,19 @@ impl Gcm {
                 )
             }
         };
-        Ok(Gcm { imp })
+        let mut bytes = [0u8; 32];
+        bytes[..key.len()].copy_from_slice(key);
+        Ok(Gcm {
+            imp,
+            key: KeyBytes {
+                bytes,
+                len: key.len(),
+            },
+        })
+    }
+
+    pub(crate) fn key_bytes(&self) -> &[u8] {
+        &self.key.bytes[..self.key.len]
     }
 
     /// The AES key size.
@@ -215,7 +241,7 @@ impl Gcm {
     }
 }
 
-fn check_len(len: usize) -> Result<(), Error> {
+pub(crate) fn check_len(len: usize) -> Result<(), Error> {
     if len as u64 > MAX_LEN {
         return Err(Error::DataLength {
             alg: ALG,

@@ -7,6 +7,7 @@ mod crc;
 mod ctr;
 mod error;
 mod gcm;
+mod gcm_parallel;
 mod implementation;
 mod xts;
 

@@ -294,6 +294,43 @@ proptest! {
     }
 
     #[test]
+    fn gcm_on_several_threads_is_gcm(key in aes_key(), nonce: [u8; 12], aad_len in prop_oneof![0usize..40, 0usize..2000], len in len_upto_64k(), threads in 1usize..6, seed: u64) {
+        let aad = bytes(aad_len, seed ^ 0x5a);
+        let pt = bytes(len, seed);
+        let mut want = pt.clone();
+        let want_tag = gcm_reference(&key, &nonce, &aad, &mut want);
+        for &imp in Implementation::ALL {
+            let gcm = Gcm::with_implementation(&key, imp).unwrap();
+            let mut got = pt.clone();
+            let tag = gcm.seal_in_place_detached_parallel(&nonce, &aad, &mut got, threads).unwrap();
+            prop_assert_eq!(&got, &want, "{:?} ciphertext, {} threads", imp, threads);
+            prop_assert_eq!(tag, want_tag, "{:?} tag, {} threads", imp, threads);
+            gcm.open_in_place_detached_parallel(&nonce, &aad, &mut got, &tag, threads).unwrap();
+            prop_assert_eq!(&got, &pt, "{:?} open, {} threads", imp, threads);
+        }
+    }
+
+    #[test]
+    fn gcm_on_several_threads_rejects_tampering_and_wipes(key in aes_key(), nonce: [u8; 12], len in 1usize..5000, flip in any::<prop::sample::Index>(), bit in 0u8..8, what in 0u8..3, threads in 2usize..5, seed: u64) {
+        let aad = bytes(13, seed ^ 1);
+        let pt = bytes(len, seed);
+        for &imp in Implementation::ALL {
+            let gcm = Gcm::with_implementation(&key, imp).unwrap();
+            let mut ct = pt.clone();
+            let mut tag = gcm.seal_in_place_detached(&nonce, &aad, &mut ct).unwrap();
+            let mut aad = aad.clone();
+            match what {
+                0 => ct[flip.index(len)] ^= 1 << bit,
+                1 => tag[flip.index(16)] ^= 1 << bit,
+                _ => aad[flip.index(13)] ^= 1 << bit,
+            }
+            let err = gcm.open_in_place_detached_parallel(&nonce, &aad, &mut ct, &tag, threads).unwrap_err();
+            prop_assert_eq!(err, Error::Authentication);
+            prop_assert!(ct.iter().all(|&b| b == 0), "{:?} released data after a failed open", imp);
+        }
+    }
+
+    #[test]
     fn gcm_tampering_is_rejected_and_wipes_the_buffer(key in aes_key(), nonce: [u8; 12], len in 1usize..300, flip in any::<prop::sample::Index>(), bit in 0u8..8, what in 0u8..3, seed: u64) {
         let aad = bytes(13, seed ^ 1);
         let pt = bytes(len, seed);

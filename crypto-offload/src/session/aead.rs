@@ -369,6 +369,15 @@ impl<'a, B: Buffer> SealDetached<'a, B> {
     }
 }
 
+/// The threads a blocking-pool GCM job runs on: the plan's parts, where
+/// splitting GCM pays (see `Gcm::PARALLEL_MIN_THREADS`), else one.
+fn gcm_threads(plan: Option<usize>) -> usize {
+    match plan {
+        Some(parts) if parts >= Gcm::PARALLEL_MIN_THREADS => parts,
+        _ => 1,
+    }
+}
+
 /// Sends a seal to an engine (`slot` > 0) or the blocking pool.
 #[cold]
 #[inline(never)]
@@ -378,6 +387,7 @@ fn send_seal<'a, B: Buffer>(
     nonce: [u8; 12],
     mut buf: B,
     slot: usize,
+    threads: usize,
     predicted: Option<crate::select::Prediction>,
 ) -> Box<SealAway<'a, B>> {
     let inner = session.offload.shared();
@@ -390,12 +400,12 @@ fn send_seal<'a, B: Buffer>(
         len,
         predicted,
     )
-    .unobserved_if(session.engines.opens_first(slot));
+    .unobserved_if(threads > 1 || session.engines.opens_first(slot));
     let on = if slot == 0 {
         let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
         On::Cpu(tokio::task::spawn_blocking(move || {
             (
-                cpu.seal_in_place_detached(&nonce, &aad, buf.bytes_mut()),
+                cpu.seal_in_place_detached_parallel(&nonce, &aad, buf.bytes_mut(), threads),
                 buf,
             )
         }))
@@ -433,7 +443,12 @@ impl<B: Buffer> Future for SealDetached<'_, B> {
             Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
         };
         let (slot, predicted) = inner.choose(alg, Direction::Encrypt, len);
-        if slot == 0 && cpu_plan(inner, alg, Direction::Encrypt, len).is_none() {
+        let plan = if slot == 0 {
+            cpu_plan(inner, alg, Direction::Encrypt, len)
+        } else {
+            None
+        };
+        if slot == 0 && plan.is_none() {
             return Poll::Ready(inline_cpu(
                 inner,
                 alg,
@@ -443,7 +458,7 @@ impl<B: Buffer> Future for SealDetached<'_, B> {
                 || session.seal_cpu(&nonce, aad, buf),
             ));
         }
-        let away = send_seal(session, aad, nonce, buf, slot, predicted);
+        let away = send_seal(session, aad, nonce, buf, slot, gcm_threads(plan), predicted);
         this.poll_away(away, cx)
     }
 }
@@ -615,6 +630,7 @@ fn send_open<'a, B: Buffer>(
     (nonce, tag): ([u8; 12], Tag),
     mut buf: B,
     slot: usize,
+    threads: usize,
     predicted: Option<crate::select::Prediction>,
 ) -> Box<OpenAway<'a, B>> {
     let inner = session.offload.shared();
@@ -627,12 +643,12 @@ fn send_open<'a, B: Buffer>(
         len,
         predicted,
     )
-    .unobserved_if(session.engines.opens_first(slot));
+    .unobserved_if(threads > 1 || session.engines.opens_first(slot));
     let on = if slot == 0 {
         let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
         On::Cpu(tokio::task::spawn_blocking(move || {
             (
-                cpu.open_in_place_detached(&nonce, &aad, buf.bytes_mut(), &tag),
+                cpu.open_in_place_detached_parallel(&nonce, &aad, buf.bytes_mut(), &tag, threads),
                 buf,
             )
         }))
@@ -673,7 +689,12 @@ impl<B: Buffer> Future for Open<'_, B> {
         let mut buf = buf;
         let len = buf.bytes_mut().len();
         let (slot, predicted) = inner.choose(alg, Direction::Decrypt, len);
-        if slot == 0 && cpu_plan(inner, alg, Direction::Decrypt, len).is_none() {
+        let plan = if slot == 0 {
+            cpu_plan(inner, alg, Direction::Decrypt, len)
+        } else {
+            None
+        };
+        if slot == 0 && plan.is_none() {
             return Poll::Ready(inline_cpu(
                 inner,
                 alg,
@@ -683,7 +704,15 @@ impl<B: Buffer> Future for Open<'_, B> {
                 || session.open_cpu(&nonce, aad, buf, &tag),
             ));
         }
-        let away = send_open(session, aad, (nonce, tag), buf, slot, predicted);
+        let away = send_open(
+            session,
+            aad,
+            (nonce, tag),
+            buf,
+            slot,
+            gcm_threads(plan),
+            predicted,
+        );
         this.poll_away(away, cx)
     }
 }
