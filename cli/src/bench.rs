@@ -42,12 +42,16 @@ pub struct BenchArgs {
     pub plot: Option<PathBuf>,
 }
 
-/// Measuring rounds per point, interleaved across targets; each target's
-/// best round counts (the usual defence against a busy or throttled host).
-const ROUNDS: u32 = 10;
+/// How long one measuring round of a target lasts (at least one request).
+/// Rounds are interleaved across targets and each target's best round
+/// counts: many short rounds, so every target samples the same states of a
+/// shared, throttled host. (With ten 10 ms rounds, two targets running the
+/// very same code differed by up to 18% at one size; with 1 ms rounds the
+/// spread is a few per cent.)
+const ROUND: Duration = Duration::from_millis(1);
 
-/// Untimed requests before each measurement (at most its own length).
-const WARM_UP: Duration = Duration::from_millis(2);
+/// Untimed requests before each round (at most a tenth of it).
+const WARM_UP: Duration = Duration::from_micros(100);
 
 /// One measured point.
 #[derive(Debug, Clone, Serialize)]
@@ -182,7 +186,7 @@ pub async fn measure(
     // ...and keeps the core busy for a moment first, so that a target
     // measured right after an idle one (an engine's long waits) does not
     // start on a core coming out of idle.
-    let busy = Instant::now() + WARM_UP.min(time);
+    let busy = Instant::now() + WARM_UP.min(time / 10);
     while Instant::now() < busy {
         buf = warm.once(buf, u64::MAX).await?;
     }
@@ -200,7 +204,7 @@ pub async fn measure(
         tasks.push(tokio::spawn(async move {
             let mut buf = vec![n as u8; size];
             let mut count = 0u64;
-            while count < 3 || Instant::now() < deadline {
+            while count < 1 || Instant::now() < deadline {
                 buf = s.once(buf, count).await?;
                 count += 1;
             }
@@ -220,6 +224,36 @@ pub async fn measure(
         throughput: bytes / elapsed,
         latency: elapsed * concurrency.max(1) as f64 / requests as f64,
         cpu_ns_per_byte: cpu / bytes.max(1.0),
+    })
+}
+
+/// The median, over the rounds in which both ran, of target `a`'s
+/// throughput over target `b`'s: a paired comparison, so that a slow spell
+/// of the host touches both sides of each ratio. `None` with no such round.
+fn paired_ratio(by_round: &[Vec<Option<f64>>], a: usize, b: usize) -> Option<f64> {
+    median(
+        by_round
+            .iter()
+            .filter_map(|r| match (r[a], r[b]) {
+                (Some(x), Some(y)) if y > 0.0 => Some(x / y),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
+/// The median of `values` (the mean of the middle two for an even count);
+/// `None` when empty.
+pub fn median(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let m = values.len() / 2;
+    Some(if values.len() % 2 == 1 {
+        values[m]
+    } else {
+        (values[m - 1] + values[m]) / 2.0
     })
 }
 
@@ -313,28 +347,53 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
         }
         targets.push(("auto".to_owned(), auto.clone()));
         let mut rows: Vec<Vec<Option<Point>>> = vec![Vec::new(); targets.len()];
+        let mut paired: Vec<Vec<Option<f64>>> = Vec::new();
         for &size in &sizes {
             if !fits(alg, size) {
                 rows.iter_mut().for_each(|r| r.push(None));
+                paired.push(Vec::new());
                 continue;
             }
             // Interleaved rounds, so a drift in the machine's speed touches
             // every target alike.
-            let mut acc: Vec<Option<Point>> = vec![None; targets.len()];
-            for round in 0..ROUNDS {
+            let n = targets.len();
+            let mut acc: Vec<Option<Point>> = vec![None; n];
+            // Every round's throughput per target, for the paired ratios.
+            let mut by_round: Vec<Vec<Option<f64>>> = Vec::new();
+            let mut spent = vec![Duration::ZERO; n];
+            let round = ROUND.min(time);
+            for r in 0.. {
                 // Each round starts with the next target, so that no target
-                // always follows the same one.
-                let n = targets.len();
-                for t in (0..n).map(|i| (i + round as usize) % n) {
+                // always follows the same one; a target whose requests are
+                // longer than a round (a slow engine) gets fewer rounds.
+                let due: Vec<usize> = (0..n)
+                    .map(|i| (i + r) % n)
+                    .filter(|&t| spent[t] < time)
+                    .collect();
+                if due.is_empty() {
+                    break;
+                }
+                let mut this_round = vec![None; n];
+                for t in due {
                     let (name, offload) = &targets[t];
                     bar.set_message(format!("{} {name} {}", alg.name(), human(size)));
-                    let p = measure(offload, alg, size, time / ROUNDS, args.concurrency).await?;
+                    let started = Instant::now();
+                    let p = measure(offload, alg, size, round, args.concurrency).await?;
+                    spent[t] += started.elapsed();
+                    this_round[t] = Some(p.throughput);
                     acc[t] = Some(match acc[t].take() {
                         Some(a) if a.throughput >= p.throughput => a,
                         _ => p,
                     });
                 }
+                by_round.push(this_round);
             }
+            // Auto (the last target) over each backend, round by round.
+            paired.push(
+                (0..n - 1)
+                    .map(|t| paired_ratio(&by_round, n - 1, t))
+                    .collect::<Vec<_>>(),
+            );
             for (row, p) in rows.iter_mut().zip(acc) {
                 row.push(p);
                 bar.inc(1);
@@ -358,17 +417,21 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
         for (i, a) in auto_points.iter().enumerate() {
             let best = backends
                 .iter()
-                .filter_map(|s| {
-                    s.points[i]
-                        .as_ref()
-                        .map(|p| (s.backend.clone(), p.throughput))
-                })
+                .enumerate()
+                .filter_map(|(t, s)| s.points[i].as_ref().map(|p| (t, p.throughput)))
                 .max_by(|x, y| x.1.total_cmp(&y.1));
-            ratio.push(match (a, &best) {
-                (Some(a), Some((_, b))) => Some(a.throughput / b),
+            ratio.push(match (a, best) {
+                // The median of the rounds' Auto/oracle ratios where both
+                // ran in the round; the best rounds' ratio otherwise.
+                (Some(a), Some((t, b))) => Some(
+                    paired
+                        .get(i)
+                        .and_then(|p| p.get(t).copied().flatten())
+                        .unwrap_or(a.throughput / b),
+                ),
                 _ => None,
             });
-            oracle.push(best);
+            oracle.push(best.map(|(t, b)| (backends[t].backend.clone(), b)));
         }
         results.push(AlgBench {
             alg: alg.name().to_owned(),
@@ -452,5 +515,30 @@ fn print_table(r: &AlgBench) {
         .reduce(f64::min)
     {
         println!("min auto/oracle over sizes: {min:.3}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
+    }
+
+    #[test]
+    fn paired_ratio_pairs_rounds_and_skips_missing() {
+        // Round 2 is a slow spell for both targets: paired, it is no outlier.
+        let rounds = vec![
+            vec![Some(2.0), Some(1.0)],
+            vec![Some(0.2), Some(0.1)],
+            vec![Some(3.0), None],
+            vec![Some(1.8), Some(1.0)],
+        ];
+        assert_eq!(paired_ratio(&rounds, 0, 1), Some(2.0));
+        assert_eq!(paired_ratio(&rounds[2..3], 0, 1), None);
     }
 }
