@@ -27,8 +27,9 @@ pub struct BenchArgs {
     /// [default: 16,64,256,1k,4k,16k,64k,256k,1m,4m].
     #[arg(long, value_delimiter = ',')]
     pub sizes: Vec<String>,
-    /// Measuring time per (backend, size) point, in milliseconds (each point
-    /// also runs at least 3 requests).
+    /// Measuring time per (backend, size) point, in milliseconds, spent in
+    /// 1 ms rounds that take turns across the backends (each round runs at
+    /// least one request).
     #[arg(long, default_value_t = 100)]
     pub time_ms: u64,
     /// Requests in flight at once.
@@ -43,9 +44,10 @@ pub struct BenchArgs {
 }
 
 /// How long one measuring round of a target lasts (at least one request).
-/// Rounds are interleaved across targets and each target's best round
-/// counts: many short rounds, so every target samples the same states of a
-/// shared, throttled host. (With ten 10 ms rounds, two targets running the
+/// Rounds are interleaved across targets; a target's throughput is its best
+/// round, and Auto/oracle the median of the per-round paired ratios: many
+/// short rounds, so every target samples the same states of a shared,
+/// throttled host. (With ten 10 ms rounds, two targets running the
 /// very same code differed by up to 18% at one size; with 1 ms rounds the
 /// spread is a few per cent.)
 const ROUND: Duration = Duration::from_millis(1);
