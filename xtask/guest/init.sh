@@ -1,0 +1,94 @@
+#!/bin/busybox sh
+# /init of the `cargo xtask vm-test` guest (packed by xtask/src/guest_init.rs).
+#
+# The kernel hands command-line words without a dot to /init as environment
+# variables: VMTEST_RUN (plain or virtio) and CRYPTO_OFFLOAD_GUEST=1.
+# Everything the host judges is a line starting with VMTEST- on the serial
+# console:
+#   VMTEST-INIT, VMTEST-BOOTED           /init started; modules loaded
+#   VMTEST-BEGIN <name>                  a test binary or step starts
+#   VMTEST-END <name> rc=<exit status>   ... and ends
+#   VMTEST-VIRTIO-CRYPTO <device|none>   the virtio run's device, bound or not
+#   VMTEST-NOTE <text>                   for people; never judged
+#   VMTEST-DONE                          all ran; the guest powers off
+# Files: /etc/vmtest/modules (insmod order), /etc/vmtest/test-args (extra
+# libtest arguments, one a line), /etc/vmtest/steps (commands after the tests).
+
+/bin/busybox mkdir -p /proc /sys /dev /tmp /sbin /usr/bin /usr/sbin
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t sysfs sysfs /sys
+/bin/busybox mount -t devtmpfs devtmpfs /dev
+/bin/busybox mount -t tmpfs tmpfs /tmp
+/bin/busybox --install -s
+export PATH=/sbin:/usr/sbin:/bin:/usr/bin HOME=/tmp TMPDIR=/tmp RUST_BACKTRACE=1
+export VMTEST_RUN CRYPTO_OFFLOAD_GUEST
+
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+echo "VMTEST-INIT run=$VMTEST_RUN kernel=$(uname -r) uptime=$(uptime_s)"
+
+# Modules, dependencies first. A failure (already loaded, built in, refused)
+# is logged and the boot goes on: the tests say what is missing.
+while read -r module; do
+    [ -n "$module" ] || continue
+    if ! out=$(insmod "$module" 2>&1); then
+        echo "VMTEST-NOTE insmod ${module##*/} failed: $out"
+    fi
+done < /etc/vmtest/modules
+echo "VMTEST-BOOTED run=$VMTEST_RUN modules=$(wc -l < /proc/modules) uptime=$(uptime_s)"
+
+if [ "$VMTEST_RUN" = virtio ]; then
+    # The driver binds during insmod; allow a moment for the device to start.
+    bound=
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        bound=$(ls /sys/bus/virtio/drivers/virtio_crypto 2>/dev/null | grep '^virtio' | head -n 1)
+        [ -n "$bound" ] && break
+        sleep 0.2
+    done
+    echo "VMTEST-VIRTIO-CRYPTO ${bound:-none}"
+fi
+
+# The drivers behind the algorithms the project uses, as /proc/crypto lists them.
+awk '/^name/ { name = $3 } /^driver/ { driver = $3 } /^module/ { module = $3 }
+     /^priority/ { prio = $3 }
+     /^type/ && name ~ /^((ecb|cbc|ctr|xts|gcm)\(aes\)|crc32c?|crc64-rocksoft)$/ {
+         printf "VMTEST-NOTE crypto %-16s %-28s prio=%-4s module=%s type=%s\n", name, driver, prio, module, $3 }' /proc/crypto
+
+# Runs "$@" as one judged unit called $1, in a fresh writable folder. Its
+# output goes through a pipe, as in CI: no terminal, so no progress bars;
+# pipefail keeps its exit status.
+set -o pipefail
+run_framed() {
+    name=$1
+    shift
+    mkdir -p "/tmp/work/$name"
+    echo "VMTEST-BEGIN $name"
+    (cd "/tmp/work/$name" && exec "$@" </dev/null) 2>&1 | cat
+    echo "VMTEST-END $name rc=$?"
+}
+
+# Extra libtest arguments, one a line (so a --skip pattern may hold spaces).
+set --
+while IFS= read -r arg; do
+    [ -n "$arg" ] && set -- "$@" "$arg"
+done < /etc/vmtest/test-args
+
+for test in /tests/*; do
+    [ -x "$test" ] || continue
+    run_framed "${test##*/}" "$test" --test-threads=2 "$@"
+done
+
+# Steps: "<runs> <name> <program> [args...]"; runs is "all" or a comma list.
+while read -r runs name program args; do
+    case "$runs" in '' | '#'*) continue ;; esac
+    case ",$runs," in ",all," | *",$VMTEST_RUN,"*) ;; *) continue ;; esac
+    if [ ! -x "$program" ]; then
+        echo "VMTEST-NOTE step $name skipped: $program is not in the initramfs"
+        continue
+    fi
+    # $args is split on blanks on purpose: steps hold no quoted arguments.
+    # shellcheck disable=SC2086
+    run_framed "$name" "$program" $args
+done < /etc/vmtest/steps
+
+echo "VMTEST-DONE run=$VMTEST_RUN uptime=$(uptime_s)"
+poweroff -f

@@ -1,0 +1,433 @@
+//! The programs that run in the guest, built by cargo on the host.
+//!
+//! Test binaries come from `cargo test --no-run --message-format=json -p P`:
+//! every `compiler-artifact` whose profile is a test profile and which has an
+//! executable. Extra binaries (by default the release `offload`) come from
+//! `cargo build --release`. The workspace's layout comes from
+//! `cargo metadata --no-deps`.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::{env, fmt};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+/// The package whose tests are run when it exists: the AF_ALG backend.
+pub const AF_ALG_PACKAGE: &str = "crypto-offload-af-alg";
+/// The package whose tests are run otherwise.
+pub const FALLBACK_PACKAGE: &str = "crypto-offload-fallback";
+/// The extra binary included by default: `offload` from `offload-cli`.
+pub const DEFAULT_BINARY: &str = "offload-cli:offload";
+
+/// What `cargo metadata --no-deps` says about the workspace.
+#[derive(Debug, Deserialize)]
+pub struct Workspace {
+    /// The folder holding the workspace's Cargo.toml.
+    pub workspace_root: PathBuf,
+    /// Cargo's target folder.
+    pub target_directory: PathBuf,
+    /// The workspace's packages.
+    pub packages: Vec<Package>,
+}
+
+/// One workspace package.
+#[derive(Debug, Deserialize)]
+pub struct Package {
+    /// The package name.
+    pub name: String,
+    /// Its targets (lib, bins, tests, ...).
+    pub targets: Vec<Target>,
+}
+
+/// One target of a package, as cargo describes it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Target {
+    /// The target name (a crate name for libs, a file stem for tests).
+    pub name: String,
+    /// `lib`, `bin`, `test`, `bench`, `example`, ...
+    pub kind: Vec<String>,
+}
+
+impl Workspace {
+    /// Runs `cargo metadata --format-version 1 --no-deps` on the workspace
+    /// this task belongs to, wherever it is run from.
+    pub fn load(cargo: &Path) -> Result<Self> {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+        let output = Command::new(cargo)
+            .args([
+                "metadata",
+                "--format-version",
+                "1",
+                "--no-deps",
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running cargo metadata")?;
+        if !output.status.success() {
+            bail!("cargo metadata failed ({})", output.status);
+        }
+        serde_json::from_slice(&output.stdout).context("parsing cargo metadata's output")
+    }
+
+    /// The package called `name`, if the workspace has it.
+    pub fn package(&self, name: &str) -> Option<&Package> {
+        self.packages.iter().find(|p| p.name == name)
+    }
+
+    /// The packages whose tests run when none is given: the AF_ALG backend
+    /// if the workspace has it, else the CPU fallback.
+    pub fn default_test_packages(&self) -> Vec<String> {
+        let name = if self.package(AF_ALG_PACKAGE).is_some() {
+            AF_ALG_PACKAGE
+        } else {
+            FALLBACK_PACKAGE
+        };
+        vec![name.to_owned()]
+    }
+}
+
+/// `PACKAGE:BIN`, a binary built `--release` into the guest's /bin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BinSpec {
+    /// The package that has the binary.
+    pub package: String,
+    /// The binary target's name.
+    pub bin: String,
+}
+
+impl std::str::FromStr for BinSpec {
+    type Err = String;
+
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        match spec.split_once(':') {
+            Some((package, bin))
+                if !package.is_empty() && !bin.is_empty() && !bin.contains('/') =>
+            {
+                Ok(Self {
+                    package: package.to_owned(),
+                    bin: bin.to_owned(),
+                })
+            }
+            _ => Err(format!("expected PACKAGE:BIN, got {spec:?}")),
+        }
+    }
+}
+
+impl fmt::Display for BinSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.package, self.bin)
+    }
+}
+
+/// A program for the guest: its name there and the host file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestBinary {
+    /// The file name in the guest (`/tests/<name>` or `/bin/<name>`).
+    pub name: String,
+    /// The executable cargo built.
+    pub host_path: PathBuf,
+}
+
+/// One executable cargo reported building.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Artifact {
+    /// The package it belongs to.
+    pub package: String,
+    /// Its target name.
+    pub target: String,
+    /// Its target kind (`lib`, `bin`, `test`, ...).
+    pub kind: String,
+    /// The executable's path.
+    pub executable: PathBuf,
+    /// True for a test harness build (`profile.test`).
+    pub test: bool,
+}
+
+/// One line of cargo's `--message-format=json` output (the fields used).
+#[derive(Deserialize)]
+struct Message {
+    reason: String,
+    target: Option<Target>,
+    profile: Option<Profile>,
+    executable: Option<PathBuf>,
+    message: Option<Diagnostic>,
+}
+
+#[derive(Deserialize)]
+struct Profile {
+    test: bool,
+}
+
+#[derive(Deserialize)]
+struct Diagnostic {
+    rendered: Option<String>,
+}
+
+/// The executables among cargo's JSON messages. Compiler diagnostics are
+/// passed to `diagnostics` as cargo would have printed them.
+pub fn parse_artifacts(
+    package: &str,
+    json_lines: &str,
+    mut diagnostics: impl FnMut(&str),
+) -> Vec<Artifact> {
+    let mut artifacts = Vec::new();
+    for line in json_lines.lines().filter(|l| l.starts_with('{')) {
+        let Ok(message) = serde_json::from_str::<Message>(line) else {
+            continue;
+        };
+        match message.reason.as_str() {
+            "compiler-message" => {
+                if let Some(rendered) = message.message.and_then(|m| m.rendered) {
+                    diagnostics(&rendered);
+                }
+            }
+            "compiler-artifact" => {
+                let (Some(target), Some(profile), Some(executable)) =
+                    (message.target, message.profile, message.executable)
+                else {
+                    continue;
+                };
+                artifacts.push(Artifact {
+                    package: package.to_owned(),
+                    kind: target.kind.first().cloned().unwrap_or_default(),
+                    target: target.name,
+                    executable,
+                    test: profile.test,
+                });
+            }
+            _ => {}
+        }
+    }
+    artifacts
+}
+
+/// Guest names for test artifacts: the target name, with `-<kind>` and then
+/// `-<package>` added only where names would collide. Sorted first, so the
+/// names do not depend on the order cargo finished the builds in.
+pub fn name_tests(mut artifacts: Vec<Artifact>) -> Vec<GuestBinary> {
+    artifacts
+        .sort_by(|a, b| (&a.package, &a.kind, &a.target).cmp(&(&b.package, &b.kind, &b.target)));
+    artifacts.dedup_by(|a, b| a.executable == b.executable);
+    let mut taken = BTreeSet::new();
+    let mut named = Vec::new();
+    for artifact in artifacts {
+        let candidates = [
+            artifact.target.clone(),
+            format!("{}-{}", artifact.target, artifact.kind),
+            format!("{}-{}-{}", artifact.target, artifact.kind, artifact.package),
+        ];
+        let name = candidates
+            .into_iter()
+            .chain((2..).map(|n| format!("{}-{n}", artifact.target)))
+            .find(|candidate| !taken.contains(candidate))
+            .unwrap_or_default();
+        taken.insert(name.clone());
+        named.push(GuestBinary {
+            name,
+            host_path: artifact.executable,
+        });
+    }
+    named
+}
+
+/// The cargo that runs this task (`CARGO`), else `cargo` from PATH.
+pub fn cargo() -> PathBuf {
+    env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from)
+}
+
+/// Runs cargo with JSON messages in `root` and returns the artifacts it
+/// built, showing compiler diagnostics as they come.
+fn cargo_json(cargo: &Path, root: &Path, package: &str, args: &[&str]) -> Result<Vec<Artifact>> {
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(root)
+        .args(args)
+        .args(["--message-format=json", "-p", package])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let shown: Vec<OsString> = command.get_args().map(ToOwned::to_owned).collect();
+    eprintln!(
+        "vm-test: cargo {}",
+        shown.join(" ".as_ref()).to_string_lossy()
+    );
+    let mut child = command.spawn().context("running cargo")?;
+    let mut artifacts = Vec::new();
+    for line in BufReader::new(child.stdout.take().context("cargo's stdout")?).lines() {
+        let line = line.context("reading cargo's output")?;
+        artifacts.extend(parse_artifacts(package, &line, |rendered| {
+            eprint!("{rendered}");
+        }));
+    }
+    let status = child.wait().context("waiting for cargo")?;
+    if !status.success() {
+        bail!("cargo {} -p {package} failed ({status})", args.join(" "));
+    }
+    Ok(artifacts)
+}
+
+/// Builds the test binaries of `packages` (each as `cargo test -p P` would).
+pub fn build_tests(
+    cargo: &Path,
+    workspace: &Workspace,
+    packages: &[String],
+) -> Result<Vec<GuestBinary>> {
+    let mut artifacts = Vec::new();
+    for package in packages {
+        if workspace.package(package).is_none() {
+            bail!(
+                "package {package} is not in the workspace at {}",
+                workspace.workspace_root.display()
+            );
+        }
+        let built = cargo_json(
+            cargo,
+            &workspace.workspace_root,
+            package,
+            &["test", "--no-run"],
+        )?;
+        artifacts.extend(built.into_iter().filter(|a| a.test));
+    }
+    if artifacts.is_empty() {
+        bail!("cargo built no test binaries for {}", packages.join(", "));
+    }
+    Ok(name_tests(artifacts))
+}
+
+/// Builds one release binary for the guest's /bin.
+pub fn build_release_bin(
+    cargo: &Path,
+    workspace: &Workspace,
+    spec: &BinSpec,
+) -> Result<GuestBinary> {
+    let package = workspace
+        .package(&spec.package)
+        .with_context(|| format!("package {} is not in the workspace", spec.package))?;
+    if !package
+        .targets
+        .iter()
+        .any(|t| t.name == spec.bin && t.kind.iter().any(|k| k == "bin"))
+    {
+        bail!("package {} has no binary called {}", spec.package, spec.bin);
+    }
+    let built = cargo_json(
+        cargo,
+        &workspace.workspace_root,
+        &spec.package,
+        &["build", "--release", "--bin", &spec.bin],
+    )?;
+    let artifact = built
+        .into_iter()
+        .find(|a| !a.test && a.kind == "bin" && a.target == spec.bin)
+        .with_context(|| format!("cargo reported no executable for {spec}"))?;
+    Ok(GuestBinary {
+        name: spec.bin.clone(),
+        host_path: artifact.executable,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MESSAGES: &str = r#"{"reason":"compiler-artifact","package_id":"x","target":{"kind":["lib"],"crate_types":["lib"],"name":"aes","src_path":"/r/aes/src/lib.rs","edition":"2021","doc":true,"doctest":true,"test":true},"profile":{"opt_level":"3","debuginfo":0,"debug_assertions":false,"overflow_checks":false,"test":false},"features":[],"filenames":["/t/libaes.rlib"],"executable":null,"fresh":true}
+{"reason":"compiler-message","package_id":"x","manifest_path":"/r/Cargo.toml","target":{"kind":["lib"],"crate_types":["lib"],"name":"f","src_path":"/r/src/lib.rs","edition":"2024","doc":true,"doctest":true,"test":true},"message":{"rendered":"warning: unused variable\n","level":"warning"}}
+{"reason":"compiler-artifact","package_id":"x","target":{"kind":["lib"],"crate_types":["lib"],"name":"crypto_offload_fallback","src_path":"/r/src/lib.rs","edition":"2024","doc":true,"doctest":true,"test":true},"profile":{"opt_level":"3","debuginfo":2,"debug_assertions":true,"overflow_checks":true,"test":true},"features":[],"filenames":["/t/deps/crypto_offload_fallback-5d9d"],"executable":"/t/deps/crypto_offload_fallback-5d9d","fresh":true}
+{"reason":"compiler-artifact","package_id":"x","target":{"kind":["test"],"crate_types":["bin"],"name":"differential","src_path":"/r/tests/differential.rs","edition":"2024","doc":false,"doctest":false,"test":true},"profile":{"opt_level":"3","debuginfo":2,"debug_assertions":true,"overflow_checks":true,"test":true},"features":[],"filenames":["/t/deps/differential-59cf"],"executable":"/t/deps/differential-59cf","fresh":false}
+{"reason":"compiler-artifact","package_id":"x","target":{"kind":["bin"],"crate_types":["bin"],"name":"offload","src_path":"/r/cli/src/main.rs","edition":"2024","doc":true,"doctest":false,"test":true},"profile":{"opt_level":"3","debuginfo":0,"debug_assertions":false,"overflow_checks":false,"test":false},"features":[],"filenames":["/t/release/offload"],"executable":"/t/release/offload","fresh":true}
+{"reason":"build-finished","success":true}
+"#;
+
+    fn artifact(package: &str, kind: &str, target: &str, path: &str) -> Artifact {
+        Artifact {
+            package: package.into(),
+            target: target.into(),
+            kind: kind.into(),
+            executable: path.into(),
+            test: true,
+        }
+    }
+
+    #[test]
+    fn executables_and_diagnostics_are_picked_from_cargo_messages() {
+        let mut diagnostics = Vec::new();
+        let artifacts = parse_artifacts("p", MESSAGES, |d| diagnostics.push(d.to_owned()));
+        let tests: Vec<_> = artifacts
+            .iter()
+            .filter(|a| a.test)
+            .map(|a| a.target.as_str())
+            .collect();
+        assert_eq!(tests, ["crypto_offload_fallback", "differential"]);
+        let bins: Vec<_> = artifacts
+            .iter()
+            .filter(|a| !a.test)
+            .map(|a| a.target.as_str())
+            .collect();
+        assert_eq!(
+            bins,
+            ["offload"],
+            "artifacts without an executable are dropped"
+        );
+        assert_eq!(diagnostics, ["warning: unused variable\n"]);
+    }
+
+    #[test]
+    fn names_are_target_names_unless_they_collide() {
+        let named = name_tests(vec![
+            artifact("b", "test", "differential", "/t/differential-2"),
+            artifact("a", "test", "differential", "/t/differential-1"),
+            artifact("a", "lib", "crypto_offload", "/t/crypto_offload-1"),
+            artifact("c", "bin", "differential", "/t/differential-3"),
+            artifact("a", "test", "vectors", "/t/vectors-1"),
+        ]);
+        let names: Vec<_> = named
+            .iter()
+            .map(|b| (b.name.as_str(), b.host_path.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("crypto_offload", "/t/crypto_offload-1"),
+                ("differential", "/t/differential-1"),
+                ("vectors", "/t/vectors-1"),
+                ("differential-test", "/t/differential-2"),
+                ("differential-bin", "/t/differential-3"),
+            ]
+        );
+    }
+
+    #[test]
+    fn bin_specs_parse() {
+        assert_eq!(
+            "offload-cli:offload".parse::<BinSpec>().unwrap(),
+            BinSpec {
+                package: "offload-cli".into(),
+                bin: "offload".into()
+            }
+        );
+        assert!("offload".parse::<BinSpec>().is_err());
+        assert!(":offload".parse::<BinSpec>().is_err());
+        assert!("p:".parse::<BinSpec>().is_err());
+    }
+
+    #[test]
+    fn the_af_alg_backend_is_the_default_when_present() {
+        let package = |name: &str| Package {
+            name: name.into(),
+            targets: Vec::new(),
+        };
+        let mut workspace = Workspace {
+            workspace_root: "/r".into(),
+            target_directory: "/r/target".into(),
+            packages: vec![package(FALLBACK_PACKAGE)],
+        };
+        assert_eq!(workspace.default_test_packages(), [FALLBACK_PACKAGE]);
+        workspace.packages.push(package(AF_ALG_PACKAGE));
+        assert_eq!(workspace.default_test_packages(), [AF_ALG_PACKAGE]);
+    }
+}

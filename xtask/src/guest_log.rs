@@ -1,0 +1,338 @@
+//! Judging a guest run from its serial console.
+//!
+//! `/init` frames everything with `VMTEST-` markers (see
+//! `xtask/guest/init.sh`). A run passes only if the guest printed
+//! `VMTEST-BOOTED` and `VMTEST-DONE`, every `VMTEST-BEGIN` has its
+//! `VMTEST-END`, every exit status is 0, the kernel did not panic, QEMU was
+//! not killed for taking too long, and, in the virtio run, a virtio-crypto
+//! device was bound. Markers are looked for anywhere in a line, since kernel
+//! messages can share a console line with the script's output.
+
+use std::time::Duration;
+
+/// The text the kernel prints when it panics.
+const PANIC: &str = "Kernel panic - not syncing";
+
+/// One test binary or step, as the log tells it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BinaryResult {
+    /// Its name in the guest.
+    pub name: String,
+    /// Its exit status, or `None` if no `VMTEST-END` (or no readable one) came.
+    pub rc: Option<i32>,
+    /// Host seconds between its BEGIN and END (or the end of the log).
+    pub seconds: f64,
+}
+
+/// How the QEMU process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// QEMU exited by itself (guest poweroff, or a panic with `-no-reboot`).
+    Exited,
+    /// QEMU was killed after this long.
+    TimedOut(Duration),
+}
+
+/// The verdict on one run.
+#[derive(Debug, Clone, Default)]
+pub struct RunReport {
+    /// Host time from QEMU's start to `VMTEST-INIT` (the kernel booted).
+    pub init_at: Option<Duration>,
+    /// ... to `VMTEST-BOOTED` (modules loaded).
+    pub booted_at: Option<Duration>,
+    /// ... to `VMTEST-DONE`.
+    pub done_at: Option<Duration>,
+    /// Every framed binary and step, in order.
+    pub binaries: Vec<BinaryResult>,
+    /// Why the run failed; empty if it passed.
+    pub failures: Vec<String>,
+}
+
+impl RunReport {
+    /// True if nothing failed.
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// Reads a console log line by line, as it arrives.
+#[derive(Debug, Default)]
+pub struct LogParser {
+    expect_virtio_device: bool,
+    report: RunReport,
+    open: Option<(String, Duration)>,
+    virtio_device: Option<String>,
+    panic: Option<String>,
+    last_at: Duration,
+}
+
+impl LogParser {
+    /// A parser for one run; `expect_virtio_device` for the virtio run.
+    pub fn new(expect_virtio_device: bool) -> Self {
+        Self {
+            expect_virtio_device,
+            ..Self::default()
+        }
+    }
+
+    /// Takes one console line, seen `at` after QEMU started.
+    pub fn line(&mut self, at: Duration, text: &str) {
+        self.last_at = at;
+        if self.panic.is_none() && text.contains(PANIC) {
+            self.panic = Some(text.trim().to_owned());
+        }
+        let Some(start) = text.find("VMTEST-") else {
+            return;
+        };
+        let mut words = text[start..].split_whitespace();
+        let marker = words.next().unwrap_or_default();
+        match marker {
+            "VMTEST-INIT" => {
+                self.report.init_at.get_or_insert(at);
+            }
+            "VMTEST-BOOTED" => {
+                self.report.booted_at.get_or_insert(at);
+            }
+            "VMTEST-DONE" => {
+                self.report.done_at.get_or_insert(at);
+            }
+            "VMTEST-VIRTIO-CRYPTO" => {
+                self.virtio_device = words.next().map(str::to_owned);
+            }
+            "VMTEST-BEGIN" => {
+                self.close_unended(at);
+                self.open = Some((words.next().unwrap_or_default().to_owned(), at));
+            }
+            "VMTEST-END" => {
+                let name = words.next().unwrap_or_default();
+                let rc = words
+                    .next()
+                    .and_then(|w| w.strip_prefix("rc="))
+                    .and_then(|rc| rc.parse().ok());
+                match self.open.take() {
+                    Some((open, started)) if open == name => {
+                        self.report.binaries.push(BinaryResult {
+                            name: open,
+                            rc,
+                            seconds: at.saturating_sub(started).as_secs_f64(),
+                        })
+                    }
+                    other => {
+                        self.open = other;
+                        self.report
+                            .failures
+                            .push(format!("VMTEST-END {name} without its VMTEST-BEGIN"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A BEGIN whose END never came is recorded without an exit status.
+    fn close_unended(&mut self, at: Duration) {
+        if let Some((name, started)) = self.open.take() {
+            self.report.binaries.push(BinaryResult {
+                name,
+                rc: None,
+                seconds: at.saturating_sub(started).as_secs_f64(),
+            });
+        }
+    }
+
+    /// The verdict, once QEMU has ended `end` after it started.
+    pub fn finish(mut self, ending: Ending, end: Duration) -> RunReport {
+        self.close_unended(end.max(self.last_at));
+        let mut failures = Vec::new();
+        if let Ending::TimedOut(after) = ending {
+            failures.push(format!(
+                "timed out: QEMU killed after {} s",
+                after.as_secs()
+            ));
+        }
+        if let Some(panic) = &self.panic {
+            failures.push(format!("kernel panic: {panic}"));
+        }
+        if self.report.booted_at.is_none() {
+            failures.push("the guest never printed VMTEST-BOOTED".into());
+        }
+        if self.expect_virtio_device && self.report.booted_at.is_some() {
+            match self.virtio_device.as_deref() {
+                None | Some("none") => {
+                    failures.push("no virtio-crypto device was bound to virtio_crypto".into())
+                }
+                Some(_) => {}
+            }
+        }
+        for binary in &self.report.binaries {
+            match binary.rc {
+                Some(0) => {}
+                Some(rc) => failures.push(format!("{}: exit status {rc}", binary.name)),
+                None => failures.push(format!(
+                    "{}: no VMTEST-END with an exit status (it crashed or hung the guest)",
+                    binary.name
+                )),
+            }
+        }
+        failures.append(&mut self.report.failures);
+        if self.report.done_at.is_none() {
+            failures.push("the guest never printed VMTEST-DONE".into());
+        }
+        self.report.failures = failures;
+        self.report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `lines` one second apart and finishes with `ending`.
+    fn judge(virtio: bool, lines: &[&str], ending: Ending) -> RunReport {
+        let mut parser = LogParser::new(virtio);
+        for (second, line) in (1u64..).zip(lines) {
+            parser.line(Duration::from_secs(second), line);
+        }
+        parser.finish(ending, Duration::from_secs(lines.len() as u64 + 1))
+    }
+
+    const PASSING: &[&str] = &[
+        "SeaBIOS (version 1.16.2-debian-1.16.2-1)",
+        "VMTEST-INIT run=plain kernel=6.1.0-57-amd64 uptime=1.90",
+        "VMTEST-BOOTED run=plain modules=27 uptime=2.40",
+        "VMTEST-BEGIN differential",
+        "running 17 tests",
+        "test result: ok. 17 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out",
+        "VMTEST-END differential rc=0",
+        "VMTEST-BEGIN no_alloc",
+        "VMTEST-END no_alloc rc=0",
+        "VMTEST-DONE run=plain uptime=9.10",
+    ];
+
+    #[test]
+    fn a_complete_run_passes_with_timings() {
+        let report = judge(false, PASSING, Ending::Exited);
+        assert!(report.passed(), "{:?}", report.failures);
+        assert_eq!(report.init_at, Some(Duration::from_secs(2)));
+        assert_eq!(report.booted_at, Some(Duration::from_secs(3)));
+        assert_eq!(report.done_at, Some(Duration::from_secs(10)));
+        assert_eq!(
+            report.binaries,
+            [
+                BinaryResult {
+                    name: "differential".into(),
+                    rc: Some(0),
+                    seconds: 3.0
+                },
+                BinaryResult {
+                    name: "no_alloc".into(),
+                    rc: Some(0),
+                    seconds: 1.0
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failing_exit_status_fails_the_run() {
+        let mut lines = PASSING.to_vec();
+        lines[6] = "VMTEST-END differential rc=101";
+        let report = judge(false, &lines, Ending::Exited);
+        assert_eq!(report.failures, ["differential: exit status 101"]);
+        assert_eq!(report.binaries[0].rc, Some(101));
+    }
+
+    #[test]
+    fn a_missing_end_fails_the_run() {
+        let mut lines = PASSING.to_vec();
+        lines.remove(6);
+        let report = judge(false, &lines, Ending::Exited);
+        // It ran from its BEGIN until the next BEGIN.
+        assert_eq!(
+            report.binaries[0],
+            BinaryResult {
+                name: "differential".into(),
+                rc: None,
+                seconds: 3.0
+            }
+        );
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        assert!(report.failures[0].starts_with("differential: no VMTEST-END"));
+    }
+
+    #[test]
+    fn a_missing_done_fails_the_run() {
+        let report = judge(false, &PASSING[..PASSING.len() - 1], Ending::Exited);
+        assert_eq!(report.failures, ["the guest never printed VMTEST-DONE"]);
+    }
+
+    #[test]
+    fn a_kernel_panic_fails_the_run() {
+        let lines = [
+            "VMTEST-INIT run=plain",
+            "VMTEST-BOOTED run=plain",
+            "VMTEST-BEGIN differential",
+            "[    9.1] Kernel panic - not syncing: Attempted to kill init! exitcode=0x0000000b",
+        ];
+        let report = judge(false, &lines, Ending::Exited);
+        // It ran from its BEGIN until QEMU ended.
+        assert_eq!(report.binaries[0].seconds, 2.0);
+        assert_eq!(
+            report.failures,
+            [
+                "kernel panic: [    9.1] Kernel panic - not syncing: Attempted to kill init! exitcode=0x0000000b",
+                "differential: no VMTEST-END with an exit status (it crashed or hung the guest)",
+                "the guest never printed VMTEST-DONE",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_timeout_fails_the_run_even_after_done() {
+        let report = judge(false, PASSING, Ending::TimedOut(Duration::from_secs(300)));
+        assert_eq!(report.failures, ["timed out: QEMU killed after 300 s"]);
+    }
+
+    #[test]
+    fn a_guest_that_never_boots_fails() {
+        let report = judge(false, &["SeaBIOS", "Booting from ROM.."], Ending::Exited);
+        assert_eq!(
+            report.failures,
+            [
+                "the guest never printed VMTEST-BOOTED",
+                "the guest never printed VMTEST-DONE"
+            ]
+        );
+    }
+
+    #[test]
+    fn markers_are_found_after_kernel_text_on_the_same_line() {
+        let mut lines = PASSING.to_vec();
+        lines[6] = "[    5.2] virtio_crypto: some warningVMTEST-END differential rc=0";
+        assert!(judge(false, &lines, Ending::Exited).passed());
+    }
+
+    #[test]
+    fn the_virtio_run_needs_a_bound_device() {
+        let mut lines = PASSING.to_vec();
+        lines.insert(3, "VMTEST-VIRTIO-CRYPTO none");
+        let report = judge(true, &lines, Ending::Exited);
+        assert_eq!(
+            report.failures,
+            ["no virtio-crypto device was bound to virtio_crypto"]
+        );
+        lines[3] = "VMTEST-VIRTIO-CRYPTO virtio0";
+        assert!(judge(true, &lines, Ending::Exited).passed());
+    }
+
+    #[test]
+    fn an_end_without_begin_fails() {
+        let mut lines = PASSING.to_vec();
+        lines.insert(9, "VMTEST-END ghost rc=0");
+        let report = judge(false, &lines, Ending::Exited);
+        assert_eq!(
+            report.failures,
+            ["VMTEST-END ghost without its VMTEST-BEGIN"]
+        );
+    }
+}

@@ -1,0 +1,68 @@
+//! `cargo xtask`: developer tasks for the crypto-offload workspace.
+//!
+//! ```text
+//! cargo xtask vm-test                    # both guest runs, default packages
+//! cargo xtask vm-test --run virtio -p crypto-offload-af-alg --keep
+//! ```
+//!
+//! `vm-test` builds the test binaries of some workspace packages, packs them
+//! with busybox and the kernel's AF_ALG, crypto and virtio modules into an
+//! initramfs, boots Debian's kernel under QEMU once without devices
+//! (`plain`) and once with a virtio-crypto device (`virtio`), runs every test
+//! binary in the guest and judges each run from the guest's serial console.
+//! The host needs `qemu-system-x86`, `busybox-static` and `linux-image-amd64`;
+//! nothing is installed by the task itself.
+
+#![forbid(unsafe_code)]
+
+mod elf;
+mod guest_binaries;
+mod guest_init;
+mod guest_log;
+mod initramfs;
+mod kernel;
+mod modules;
+mod qemu;
+mod shared_libs;
+mod summary;
+mod tools;
+mod vm_test;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The command line of `cargo xtask`.
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "crypto-offload developer tasks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+/// One developer task.
+#[derive(Subcommand)]
+enum Task {
+    /// Run the workspace's test binaries in QEMU guests (Debian's kernel,
+    /// AF_ALG modules; a `plain` run and a `virtio` run with virtio-crypto).
+    VmTest(vm_test::VmTestArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::VmTest(args) => vm_test::run(&args),
+    };
+    match result {
+        Ok(vm_test::Verdict::Pass) => ExitCode::SUCCESS,
+        Ok(vm_test::Verdict::Fail) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("xtask: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,576 @@
+//! Booting the guest under QEMU and capturing its serial console.
+//!
+//! The console (QEMU's stdout with `-nographic`) is read line by line on a
+//! thread, echoed with the run's name, written with host timestamps to
+//! `target/vm-test/<run>.log` and fed to [`LogParser`]. QEMU is killed when
+//! the per-run timeout passes, so a hung guest cannot hang the task.
+//!
+//! KVM is tried first when `/dev/kvm` opens read-write; if the guest has not
+//! reached `/init` within [`KVM_BOOT_WINDOW`], QEMU is killed and the run
+//! starts again under TCG, and later runs go straight to TCG. (The vm-probe
+//! found a KVM here that does not boot a stock kernel.)
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+
+use crate::guest_log::{Ending, LogParser, RunReport};
+
+/// How long a KVM guest may take to reach `/init` before TCG takes over.
+pub const KVM_BOOT_WINDOW: Duration = Duration::from_secs(30);
+/// The marker that shows the kernel booted and `/init` runs.
+const SIGN_OF_LIFE: &str = "VMTEST-INIT";
+/// How long to wait for QEMU's output to drain once it exited or was killed.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// The two guest configurations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RunKind {
+    /// No devices: AF_ALG on the guest CPU.
+    Plain,
+    /// With a virtio-crypto PCI device (QEMU's builtin backend, no IOMMU).
+    Virtio,
+}
+
+impl RunKind {
+    /// The run's name in logs and on the kernel command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Virtio => "virtio",
+        }
+    }
+}
+
+/// The accelerator policy asked for on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AccelPolicy {
+    /// KVM if /dev/kvm is usable and boots the guest, else TCG.
+    Auto,
+    /// KVM only (no fallback).
+    Kvm,
+    /// TCG only.
+    Tcg,
+}
+
+/// One accelerator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// `-accel kvm -cpu host`.
+    Kvm,
+    /// `-accel tcg -cpu max` (`max` gives the guest AES-NI and PCLMUL).
+    Tcg,
+}
+
+impl Accel {
+    /// Its name for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Kvm => "kvm",
+            Self::Tcg => "tcg",
+        }
+    }
+
+    fn args(self) -> [&'static str; 4] {
+        match self {
+            Self::Kvm => ["-accel", "kvm", "-cpu", "host"],
+            Self::Tcg => ["-accel", "tcg", "-cpu", "max"],
+        }
+    }
+}
+
+/// Remembers, across runs, whether KVM is worth trying.
+#[derive(Debug)]
+pub struct AccelChooser {
+    policy: AccelPolicy,
+    /// Why KVM is not used, once known.
+    kvm_unusable: Option<String>,
+}
+
+impl AccelChooser {
+    /// Starts from the policy; `auto` checks that /dev/kvm opens read-write.
+    pub fn new(policy: AccelPolicy) -> Self {
+        let kvm_unusable = match policy {
+            AccelPolicy::Tcg => Some("TCG was asked for".into()),
+            AccelPolicy::Kvm => None,
+            AccelPolicy::Auto => OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/kvm")
+                .err()
+                .map(|e| format!("/dev/kvm: {e}")),
+        };
+        Self {
+            policy,
+            kvm_unusable,
+        }
+    }
+
+    /// Why KVM is not used, if it is not.
+    pub fn kvm_unusable(&self) -> Option<&str> {
+        self.kvm_unusable.as_deref()
+    }
+}
+
+/// The files a guest boots from.
+#[derive(Debug)]
+pub struct Machine {
+    /// `qemu-system-x86_64`.
+    pub qemu: PathBuf,
+    /// The kernel for `-kernel`.
+    pub kernel: PathBuf,
+    /// The initramfs for `-initrd`.
+    pub initrd: PathBuf,
+}
+
+impl Machine {
+    /// The QEMU command line of one run.
+    pub fn command(&self, run: RunKind, accel: Accel) -> Command {
+        let mut command = Command::new(&self.qemu);
+        command
+            .args(accel.args())
+            .args(["-m", "1024", "-smp", "2", "-nographic", "-no-reboot"])
+            .arg("-kernel")
+            .arg(&self.kernel)
+            .arg("-initrd")
+            .arg(&self.initrd)
+            .arg("-append")
+            .arg(format!(
+                "console=ttyS0 quiet panic=-1 VMTEST_RUN={} CRYPTO_OFFLOAD_GUEST=1",
+                run.name()
+            ));
+        if run == RunKind::Virtio {
+            command.args([
+                "-object",
+                "cryptodev-backend-builtin,id=cryptodev0",
+                "-device",
+                "virtio-crypto-pci,cryptodev=cryptodev0",
+            ]);
+        }
+        command
+    }
+}
+
+/// One finished run.
+#[derive(Debug)]
+pub struct Boot {
+    /// The accelerator the judged attempt ran under.
+    pub accel: Accel,
+    /// The verdict from the console.
+    pub report: RunReport,
+    /// Wall time of the judged attempt.
+    pub wall: Duration,
+    /// The console log.
+    pub log: PathBuf,
+    /// What happened to a KVM attempt that was given up.
+    pub kvm_note: Option<String>,
+}
+
+/// Boots one run: KVM first if the chooser allows, else (or then) TCG.
+pub fn boot(
+    machine: &Machine,
+    run: RunKind,
+    timeout: Duration,
+    log_dir: &Path,
+    chooser: &mut AccelChooser,
+) -> Result<Boot> {
+    let log = log_dir.join(format!("{}.log", run.name()));
+    let mut kvm_note = None;
+    if chooser.kvm_unusable.is_none() {
+        let fallback = chooser.policy == AccelPolicy::Auto;
+        let window = fallback.then_some(KVM_BOOT_WINDOW);
+        let attempt = attempt(machine, run, Accel::Kvm, timeout, window, &log)?;
+        if !fallback || attempt.alive {
+            return Ok(attempt.into_boot(Accel::Kvm, log, None));
+        }
+        // The judged (TCG) run gets <run>.log; the KVM attempt's log stays aside.
+        let kvm_log = log_dir.join(format!("{}-kvm.log", run.name()));
+        fs::rename(&log, &kvm_log).with_context(|| format!("renaming {}", log.display()))?;
+        let what = match attempt.status {
+            Some(status) => format!("QEMU exited ({status}) before the guest reached /init"),
+            None => format!(
+                "the guest did not reach /init within {} s",
+                KVM_BOOT_WINDOW.as_secs()
+            ),
+        };
+        let reason = format!("KVM: {what} (log {}); using TCG", kvm_log.display());
+        eprintln!("vm-test: {reason}");
+        chooser.kvm_unusable = Some(reason.clone());
+        kvm_note = Some(reason);
+    }
+    let attempt = attempt(machine, run, Accel::Tcg, timeout, None, &log)?;
+    Ok(attempt.into_boot(Accel::Tcg, log, kvm_note))
+}
+
+/// The result of one QEMU process.
+struct Attempt {
+    report: RunReport,
+    status: Option<ExitStatus>,
+    wall: Duration,
+    alive: bool,
+}
+
+impl Attempt {
+    fn into_boot(self, accel: Accel, log: PathBuf, kvm_note: Option<String>) -> Boot {
+        Boot {
+            accel,
+            report: self.report,
+            wall: self.wall,
+            log,
+            kvm_note,
+        }
+    }
+}
+
+/// What the reader threads send: a console line, or the end of a stream.
+enum Event {
+    Line(String),
+    Closed,
+}
+
+/// A running QEMU. Dropping it kills QEMU if it still runs, so no path out
+/// of [`attempt`] (an error included) leaves a guest behind.
+struct Qemu(Child);
+
+impl Qemu {
+    /// Waits for QEMU after its output closed; kills it if it lingers.
+    fn wait_briefly(&mut self) -> Result<ExitStatus> {
+        let deadline = Instant::now() + DRAIN;
+        loop {
+            if let Some(status) = self.0.try_wait().context("waiting for QEMU")? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.0.kill();
+                return self.0.wait().context("waiting for QEMU");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Where console lines go: the terminal (tagged with the run), the log
+/// (with host timestamps) and the parser.
+struct Console {
+    tag: String,
+    log: BufWriter<File>,
+    parser: LogParser,
+    started: Instant,
+    /// True once the guest printed [`SIGN_OF_LIFE`].
+    alive: bool,
+}
+
+impl Console {
+    fn line(&mut self, line: &str) -> Result<()> {
+        let at = self.started.elapsed();
+        self.alive |= line.contains(SIGN_OF_LIFE);
+        println!("[{}] {line}", self.tag);
+        writeln!(self.log, "[{:8.3}] {line}", at.as_secs_f64())?;
+        self.parser.line(at, line);
+        Ok(())
+    }
+
+    /// A harness message, on stderr and in the log.
+    fn note(&mut self, message: &str) -> Result<()> {
+        eprintln!("vm-test: [{}] {message}", self.tag);
+        writeln!(self.log, "# {message}")?;
+        Ok(())
+    }
+}
+
+/// Runs one QEMU, killing it at `timeout`, or at `life_window` if the guest
+/// has not printed [`SIGN_OF_LIFE`] by then.
+fn attempt(
+    machine: &Machine,
+    run: RunKind,
+    accel: Accel,
+    timeout: Duration,
+    life_window: Option<Duration>,
+    log_path: &Path,
+) -> Result<Attempt> {
+    let mut command = machine.command(run, accel);
+    let shown: Vec<String> = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let log = File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let mut console = Console {
+        tag: match accel {
+            Accel::Tcg => run.name().to_owned(),
+            Accel::Kvm => format!("{} kvm", run.name()),
+        },
+        log: BufWriter::new(log),
+        parser: LogParser::new(run == RunKind::Virtio),
+        started: Instant::now(),
+        alive: life_window.is_none(),
+    };
+    console.note(&shown.join(" "))?;
+    let mut qemu = Qemu(
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", machine.qemu.display()))?,
+    );
+    let (sender, events) = mpsc::channel();
+    let readers = [
+        spawn_reader(qemu.0.stdout.take(), "", sender.clone()),
+        spawn_reader(qemu.0.stderr.take(), "qemu: ", sender),
+    ];
+    let mut open_streams = readers.len();
+
+    let mut killed_after = None;
+    while open_streams > 0 {
+        let limit = match life_window {
+            Some(window) if !console.alive => window.min(timeout),
+            _ => timeout,
+        };
+        let elapsed = console.started.elapsed();
+        if elapsed >= limit {
+            killed_after = Some(elapsed);
+            break;
+        }
+        match events.recv_timeout(limit - elapsed) {
+            Ok(Event::Line(line)) => console.line(&line)?,
+            Ok(Event::Closed) => open_streams -= 1,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let status = match killed_after {
+        Some(after) => {
+            let seconds = after.as_secs_f64();
+            console.note(&if console.alive {
+                format!("timeout: killing QEMU after {seconds:.0} s")
+            } else {
+                format!("no sign of life after {seconds:.0} s: killing QEMU")
+            })?;
+            drop(qemu);
+            None
+        }
+        None => Some(qemu.wait_briefly()?),
+    };
+    // The streams close once QEMU is gone; keep what it printed last.
+    let drain_until = Instant::now() + DRAIN;
+    while open_streams > 0 {
+        match events.recv_timeout(drain_until.saturating_duration_since(Instant::now())) {
+            Ok(Event::Line(line)) => console.line(&line)?,
+            Ok(Event::Closed) => open_streams -= 1,
+            Err(_) => break,
+        }
+    }
+    if open_streams == 0 {
+        for reader in readers {
+            let _ = reader.join();
+        }
+    }
+    let wall = console.started.elapsed();
+    if let Some(status) = status {
+        console.note(&format!(
+            "QEMU exited: {status} after {:.3} s",
+            wall.as_secs_f64()
+        ))?;
+    }
+    console.log.flush()?;
+    let ending = killed_after.map_or(Ending::Exited, Ending::TimedOut);
+    let mut report = console.parser.finish(ending, wall);
+    if let Some(status) = status.filter(|s| !s.success()) {
+        report
+            .failures
+            .insert(0, format!("QEMU exited with {status}"));
+    }
+    Ok(Attempt {
+        report,
+        status,
+        wall,
+        alive: console.alive,
+    })
+}
+
+/// Reads `stream` line by line into `events`, each line cleaned and prefixed.
+fn spawn_reader(
+    stream: Option<impl std::io::Read + Send + 'static>,
+    prefix: &'static str,
+    events: Sender<Event>,
+) -> JoinHandle<()> {
+    thread::spawn(move || {
+        if let Some(stream) = stream {
+            let mut reader = BufReader::new(stream);
+            let mut raw = Vec::new();
+            while reader.read_until(b'\n', &mut raw).is_ok_and(|n| n > 0) {
+                let line = format!("{prefix}{}", clean_line(&raw));
+                raw.clear();
+                if events.send(Event::Line(line)).is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = events.send(Event::Closed);
+    })
+}
+
+/// A console line as text: lossy UTF-8, without the line ending, terminal
+/// escape sequences or other control characters (SeaBIOS clears the screen).
+pub fn clean_line(raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw);
+    let mut clean = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{1b}' => {
+                // CSI: ESC [ parameters... final byte in @..~; other escapes: one more char.
+                if chars.next_if_eq(&'[').is_some() {
+                    while chars.next().is_some_and(|c| !('@'..='~').contains(&c)) {}
+                } else {
+                    chars.next();
+                }
+            }
+            '\t' => clean.push(c),
+            c if c.is_control() => {}
+            c => clean.push(c),
+        }
+    }
+    clean
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn console_lines_lose_escapes_and_line_endings() {
+        assert_eq!(
+            clean_line(b"\x1b[2J\x1b[01;01HSeaBIOS (version 1.16)\r\n"),
+            "SeaBIOS (version 1.16)"
+        );
+        assert_eq!(clean_line(b"VMTEST-END x rc=0\r\r\n"), "VMTEST-END x rc=0");
+        assert_eq!(clean_line(b"bad \xff byte\tok\n"), "bad \u{fffd} byte\tok");
+        assert_eq!(clean_line(b"\x1bcreset"), "reset");
+    }
+
+    #[test]
+    fn the_virtio_run_adds_the_device_and_both_name_the_run() {
+        let machine = Machine {
+            qemu: "qemu".into(),
+            kernel: "/k".into(),
+            initrd: "/i".into(),
+        };
+        let args = |run, accel| -> Vec<String> {
+            machine
+                .command(run, accel)
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let plain = args(RunKind::Plain, Accel::Tcg);
+        assert_eq!(plain[..4], ["-accel", "tcg", "-cpu", "max"]);
+        assert!(plain.contains(
+            &"console=ttyS0 quiet panic=-1 VMTEST_RUN=plain CRYPTO_OFFLOAD_GUEST=1".into()
+        ));
+        assert!(!plain.iter().any(|a| a.contains("virtio-crypto")));
+        let virtio = args(RunKind::Virtio, Accel::Kvm);
+        assert_eq!(virtio[..4], ["-accel", "kvm", "-cpu", "host"]);
+        assert!(virtio.contains(&"virtio-crypto-pci,cryptodev=cryptodev0".into()));
+        assert!(
+            virtio
+                .iter()
+                .any(|a| a.ends_with("VMTEST_RUN=virtio CRYPTO_OFFLOAD_GUEST=1"))
+        );
+    }
+
+    /// Runs a fake QEMU (a shell script) under [`attempt`].
+    fn fake_qemu(
+        name: &str,
+        script: &str,
+        timeout: Duration,
+        life_window: Option<Duration>,
+    ) -> (Attempt, Duration, String) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("xtask-qemu-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let qemu = dir.join("qemu");
+        std::fs::write(&qemu, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let machine = Machine {
+            qemu,
+            kernel: "/k".into(),
+            initrd: "/i".into(),
+        };
+        let started = Instant::now();
+        let result = attempt(
+            &machine,
+            RunKind::Plain,
+            Accel::Tcg,
+            timeout,
+            life_window,
+            &dir.join("t.log"),
+        );
+        let log = std::fs::read_to_string(dir.join("t.log")).unwrap_or_default();
+        std::fs::remove_dir_all(&dir).unwrap();
+        (result.unwrap(), started.elapsed(), log)
+    }
+
+    #[test]
+    fn a_hung_guest_is_killed_at_the_timeout() {
+        let (attempt, took, log) = fake_qemu(
+            "hung",
+            "echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; exec sleep 60",
+            Duration::from_millis(700),
+            None,
+        );
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(attempt.status.is_none(), "killed, not exited");
+        assert!(
+            attempt.report.failures[0].starts_with("timed out"),
+            "{:?}",
+            attempt.report.failures
+        );
+        assert!(
+            log.contains("VMTEST-BEGIN t") && log.contains("timeout: killing QEMU"),
+            "{log}"
+        );
+    }
+
+    #[test]
+    fn a_silent_guest_is_given_up_after_the_life_window() {
+        let (attempt, took, _) = fake_qemu(
+            "silent",
+            "exec sleep 60",
+            Duration::from_secs(60),
+            Some(Duration::from_millis(500)),
+        );
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(!attempt.alive);
+    }
+
+    #[test]
+    fn a_guest_that_finishes_is_judged_from_its_output() {
+        let (attempt, _, _) = fake_qemu(
+            "finishes",
+            "echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; echo 'VMTEST-END t rc=0'; echo qemu-warning >&2; echo VMTEST-DONE",
+            Duration::from_secs(30),
+            Some(Duration::from_secs(30)),
+        );
+        assert!(attempt.alive);
+        assert!(attempt.status.unwrap().success());
+        assert!(attempt.report.passed(), "{:?}", attempt.report.failures);
+        assert_eq!(attempt.report.binaries.len(), 1);
+    }
+}
