@@ -1,0 +1,274 @@
+//! Running a request's blocking system calls off the async workers, and the
+//! pool of operation sockets a transform reuses.
+//!
+//! An AF_ALG `read` sleeps in the kernel until the transform finishes — the
+//! socket's readiness says only that data was queued, so `AsyncFd` cannot
+//! wait for it. Each request therefore runs on a thread of this crate's own
+//! pool, on its own operation socket, and the caller's task waits on a
+//! channel: no async worker blocks while an engine works, and a session has
+//! as many requests in flight as it has callers (up to [`MAX_THREADS`]; more
+//! wait their turn).
+//!
+//! Why a pool of its own rather than tokio's blocking pool: a request to an
+//! engine that hangs never returns from the kernel, and a tokio runtime's
+//! shutdown waits for its blocking threads — one hung engine would hang the
+//! process's exit. These threads are detached. It also works under any
+//! executor. (AIO `io_submit` on the operation socket, as OpenSSL's afalg
+//! engine does, would avoid the thread hand-off; it is not measured yet.)
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::error::{Error, Failed};
+use crate::socket::{Op, Transform};
+
+/// Idle operation sockets kept per transform; more are closed when done.
+const IDLE_OPS: usize = 64;
+
+/// The most request threads at once (requests beyond wait in a queue).
+pub const MAX_THREADS: usize = 256;
+
+/// How long an idle request thread waits for work before it exits.
+const IDLE_EXIT: Duration = Duration::from_secs(10);
+
+/// How long a request may take before it is given up as hung: `fixed` plus
+/// `per_mib` for each MiB of data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTimeout {
+    /// The time every request may take.
+    pub fixed: Duration,
+    /// More time per MiB of data.
+    pub per_mib: Duration,
+}
+
+impl RequestTimeout {
+    fn for_len(self, len: usize) -> Duration {
+        self.fixed + self.per_mib.mul_f64(len as f64 / f64::from(1u32 << 20))
+    }
+}
+
+/// A transform and its idle operation sockets.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) tfm: Transform,
+    idle: Mutex<Vec<Op>>,
+}
+
+impl Shared {
+    pub(crate) fn new(tfm: Transform) -> Arc<Shared> {
+        Arc::new(Shared {
+            tfm,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// An idle operation socket, or a new one.
+    fn take(&self) -> Result<Op, Error> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match idle {
+            Some(op) => Ok(op),
+            None => self.tfm.accept(),
+        }
+    }
+
+    /// Runs `f` on an operation socket, returning it to the pool on success
+    /// (a failed one is closed: its kernel state is not trusted).
+    pub(crate) fn with_op<T>(&self, f: impl FnOnce(&Op) -> Result<T, Error>) -> Result<T, Error> {
+        let op = self.take()?;
+        let r = f(&op);
+        if r.is_ok() {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < IDLE_OPS {
+                idle.push(op);
+            }
+        }
+        r
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct Pool {
+    state: Mutex<PoolState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    queue: VecDeque<Job>,
+    threads: usize,
+    idle: usize,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(Pool::default)
+}
+
+impl Pool {
+    fn submit(&'static self, job: Job) -> Result<(), Job> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.queue.push_back(job);
+        // Each idle thread takes one queued job; jobs beyond them need new
+        // threads.
+        if s.queue.len() > s.idle && s.threads < MAX_THREADS {
+            let spawned = std::thread::Builder::new()
+                .name("af-alg-request".into())
+                .spawn(move || self.work());
+            match spawned {
+                Ok(_) => s.threads += 1,
+                // No thread and none to come: hand the job back, unless a
+                // running thread will get to it.
+                Err(_) if s.threads == 0 => return Err(s.queue.pop_back().expect("just pushed")),
+                Err(_) => {}
+            }
+        }
+        drop(s);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    fn work(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(job) = s.queue.pop_front() {
+                drop(s);
+                job();
+                s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            s.idle += 1;
+            let (next, timeout) = self
+                .wake
+                .wait_timeout(s, IDLE_EXIT)
+                .unwrap_or_else(|p| p.into_inner());
+            s = next;
+            s.idle -= 1;
+            if timeout.timed_out() && s.queue.is_empty() {
+                s.threads -= 1;
+                return;
+            }
+        }
+    }
+}
+
+/// Runs `job` on `buf` on a request thread. The buffer always comes back —
+/// with the job's error if it failed, even if it panicked — except after a
+/// timeout (`timeout` set and a tokio runtime with a timer running), when a
+/// copy of the input taken before the job comes back with
+/// [`Error::Timeout`] and the original stays with the kernel.
+///
+/// # Cancel safety
+/// Dropping the returned future does not stop the job: it runs to the end
+/// on its thread, which owns the buffer (and the socket) until the kernel is
+/// done with them, and then frees both. Nothing is left half-done in the
+/// kernel.
+pub(crate) async fn run<T: Send + 'static>(
+    mut buf: Vec<u8>,
+    timeout: Option<RequestTimeout>,
+    job: impl FnOnce(&mut Vec<u8>) -> Result<T, Error> + Send + 'static,
+) -> Result<(Vec<u8>, T), Failed> {
+    let timer = tokio::runtime::Handle::try_current().is_ok();
+    let guard = match timeout {
+        Some(t) if timer => Some((buf.clone(), t.for_len(buf.len()))),
+        _ => None,
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let work: Job = Box::new(move || {
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| job(&mut buf)))
+            .unwrap_or(Err(Error::Worker));
+        let _ = tx.send((buf, r));
+    });
+    if let Err(work) = pool().submit(work) {
+        // No thread could be started: run here rather than fail.
+        work();
+    }
+    let done = match guard {
+        None => rx.await.ok(),
+        Some((copy, limit)) => match tokio::time::timeout(limit, rx).await {
+            Ok(done) => done.ok(),
+            Err(_) => {
+                return Err(Failed {
+                    error: Error::Timeout(limit),
+                    buf: copy,
+                });
+            }
+        },
+    };
+    match done {
+        Some((buf, Ok(t))) => Ok((buf, t)),
+        Some((buf, Err(error))) => Err(Failed { error, buf }),
+        // The job never reports only if its thread died outside it.
+        None => Err(Failed {
+            error: Error::Worker,
+            buf: Vec::new(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_hung_request_times_out_with_a_copy_of_its_input() {
+        let timeout = RequestTimeout {
+            fixed: Duration::from_millis(50),
+            per_mib: Duration::ZERO,
+        };
+        let f = rt()
+            .block_on(run(vec![7u8; 100], Some(timeout), |b| {
+                b.fill(0); // the "kernel" has started writing...
+                std::thread::sleep(Duration::from_millis(400)); // ...and hangs
+                Ok(())
+            }))
+            .unwrap_err();
+        assert!(matches!(f.error, Error::Timeout(_)), "{f:?}");
+        assert_eq!(f.buf, vec![7u8; 100]);
+    }
+
+    #[test]
+    fn a_panicking_job_hands_the_buffer_back() {
+        let f = rt()
+            .block_on(run(vec![1u8; 8], None, |_| -> Result<(), Error> {
+                panic!("boom")
+            }))
+            .unwrap_err();
+        assert!(matches!(f.error, Error::Worker));
+        assert_eq!(f.buf, vec![1u8; 8]);
+    }
+
+    #[test]
+    fn runs_without_a_tokio_runtime_and_many_at_once() {
+        let (buf, n) = futures::executor::block_on(run(vec![2u8; 4], None, |b| {
+            b[0] = 3;
+            Ok(b.len())
+        }))
+        .unwrap();
+        assert_eq!((buf, n), (vec![3, 2, 2, 2], 4));
+        // 64 jobs that each wait for all the others: only threads of their
+        // own can finish them.
+        let barrier = Arc::new(std::sync::Barrier::new(64));
+        let jobs: Vec<_> = (0..64)
+            .map(|i| {
+                let barrier = barrier.clone();
+                run(vec![i as u8], None, move |_| {
+                    barrier.wait();
+                    Ok(())
+                })
+            })
+            .collect();
+        let done = futures::executor::block_on(futures::future::join_all(jobs));
+        assert!(done.iter().all(Result::is_ok));
+    }
+}

@@ -1,0 +1,53 @@
+//! Whether AF_ALG works here at all, and why not.
+
+use crate::error::Error;
+use crate::socket::Transform;
+
+/// The sysctl with which a kernel restricts AF_ALG (7.3 and later): 0 open,
+/// 1 an allowlist (binding anything else fails with `ENOENT`), 2 off
+/// (`EAFNOSUPPORT`).
+pub const RESTRICT_SYSCTL: &str = "/proc/sys/crypto/af_alg_restrict";
+
+/// The `af_alg_restrict` level, if the kernel has the sysctl.
+pub fn restrict_level() -> Option<u8> {
+    std::fs::read_to_string(RESTRICT_SYSCTL)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Checks that an AF_ALG socket can be bound, with an algorithm every kernel
+/// with AF_ALG has (`cbc(aes)`).
+///
+/// # Errors
+/// [`Error::Unavailable`] saying why: no AF_ALG in this kernel
+/// (`EAFNOSUPPORT`, or `af_alg_restrict = 2`), the allowlist
+/// (`af_alg_restrict = 1`), or no permission.
+pub fn probe() -> Result<(), Error> {
+    Transform::bind("skcipher", "cbc(aes)").map(drop)
+}
+
+/// A one-line reason for `probe`'s failure, naming the sysctl when it is
+/// what restricts AF_ALG.
+pub fn unavailable_reason(error: &Error) -> String {
+    match (restrict_level(), error.raw_os_error()) {
+        (Some(2), _) => format!("{RESTRICT_SYSCTL} = 2 (AF_ALG off): {error}"),
+        (Some(1), _) => format!("{RESTRICT_SYSCTL} = 1 (allowlist only): {error}"),
+        (_, Some(e)) if e == nix::errno::Errno::EAFNOSUPPORT as i32 => {
+            "this kernel has no AF_ALG (EAFNOSUPPORT)".to_owned()
+        }
+        _ => error.to_string(),
+    }
+}
+
+/// The most data one AF_ALG operation carries here: the operation socket's
+/// send buffer, which this binding asks to be 1 MiB and the kernel caps at
+/// twice `net.core.wmem_max`, in whole pages. CBC, CTR and ECB requests
+/// beyond it are split; an XTS unit or a GCM message (with its associated
+/// data and tag) beyond it is [`Error::TooLarge`].
+pub fn operation_limit() -> usize {
+    let wmem_max = std::fs::read_to_string("/proc/sys/net/core/wmem_max")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(212_992);
+    ((2 * wmem_max.min(crate::socket::SEND_BUFFER)) & !4095).max(4096)
+}

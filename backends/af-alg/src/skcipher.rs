@@ -1,0 +1,367 @@
+//! Symmetric ciphers (`skcipher`): AES in ECB, CBC, CTR and XTS.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::Arc;
+
+use tracing::Instrument;
+
+use crate::blocking::{self, RequestTimeout, Shared};
+use crate::error::{Error, Failed};
+use crate::socket::{Control, Op, Transform};
+
+/// A block cipher mode AF_ALG offers for AES.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// `ecb(aes)`: no IV; whole blocks.
+    Ecb,
+    /// `cbc(aes)`: whole blocks.
+    Cbc,
+    /// `ctr(aes)`: a 128-bit big-endian counter block; any length.
+    Ctr,
+    /// `xts(aes)`: a tweak per request, which is one data unit of at least
+    /// one block (ciphertext stealing for the rest); a double-length key.
+    Xts,
+}
+
+impl Mode {
+    /// Every mode.
+    pub const ALL: [Mode; 4] = [Mode::Ecb, Mode::Cbc, Mode::Ctr, Mode::Xts];
+
+    /// The generic algorithm name, e.g. `"cbc(aes)"`.
+    pub fn generic_name(self) -> &'static str {
+        match self {
+            Mode::Ecb => "ecb(aes)",
+            Mode::Cbc => "cbc(aes)",
+            Mode::Ctr => "ctr(aes)",
+            Mode::Xts => "xts(aes)",
+        }
+    }
+
+    /// The IV length the mode takes (0 for ECB).
+    pub fn iv_len(self) -> usize {
+        match self {
+            Mode::Ecb => 0,
+            _ => 16,
+        }
+    }
+
+    /// The key lengths the mode takes.
+    pub fn key_lens(self) -> &'static [usize] {
+        match self {
+            Mode::Xts => &[32, 48, 64],
+            _ => &[16, 24, 32],
+        }
+    }
+
+    /// Checks a request length: whole blocks for ECB and CBC, at least one
+    /// block for XTS, anything for CTR.
+    pub fn check_len(self, len: usize) -> Result<(), Error> {
+        let bad = match self {
+            Mode::Ecb | Mode::Cbc => !len.is_multiple_of(16),
+            Mode::Xts => len != 0 && len < 16,
+            Mode::Ctr => false,
+        };
+        if bad {
+            return Err(Error::Invalid {
+                what: "length",
+                detail: format!("{len} bytes for {}", self.generic_name()),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A keyed AES transform: many requests may be in flight at once, each on
+/// its own operation socket.
+#[derive(Debug, Clone)]
+pub struct Skcipher {
+    shared: Arc<Shared>,
+    timeout: Option<RequestTimeout>,
+    mode: Mode,
+}
+
+impl Skcipher {
+    /// Binds `mode` — to the kernel's highest-priority implementation, or
+    /// with `driver` to that driver exactly (e.g. `"virtio_crypto_aes_cbc"`)
+    /// — and sets the key.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] if AF_ALG, the algorithm or the driver is not
+    /// on offer here; [`Error::Invalid`] for a key length the mode does not
+    /// take; [`Error::InvalidParameter`] if the kernel refuses the key
+    /// (XTS with equal halves, in FIPS mode).
+    pub fn bind(mode: Mode, driver: Option<&str>, key: &[u8]) -> Result<Skcipher, Error> {
+        if !mode.key_lens().contains(&key.len()) {
+            return Err(Error::Invalid {
+                what: "key length",
+                detail: format!("{} bytes for {}", key.len(), mode.generic_name()),
+            });
+        }
+        let tfm = Transform::bind("skcipher", driver.unwrap_or(mode.generic_name()))?;
+        tfm.set_key(key)?;
+        Ok(Skcipher {
+            shared: Shared::new(tfm),
+            timeout: None,
+            mode,
+        })
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The name it was bound with (generic or driver).
+    pub fn bound_name(&self) -> &str {
+        self.shared.tfm.name()
+    }
+
+    /// Gives requests up as hung after `timeout` (with a tokio runtime's
+    /// timer running): each then fails with [`Error::Timeout`] and a copy of
+    /// its input, taken before it is sent. Off by default (no copy).
+    pub fn with_timeout(mut self, timeout: RequestTimeout) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The implementation the kernel bound, as `/proc/crypto` names it
+    /// (`None` where `/proc/crypto` is unreadable).
+    pub fn driver(&self) -> Option<&str> {
+        self.shared.tfm.driver()
+    }
+
+    /// Encrypts `buf` in place.
+    ///
+    /// # Errors
+    /// A length the mode does not take, an IV of the wrong length, or a
+    /// failed system call; the buffer comes back unchanged with the error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not stop the request: it completes on its
+    /// thread, which owns `buf` until then and then frees it.
+    pub async fn encrypt(&self, iv: &[u8], buf: Vec<u8>) -> Result<Vec<u8>, Failed> {
+        self.crypt(true, iv, buf).await
+    }
+
+    /// Decrypts `buf` in place.
+    ///
+    /// # Errors
+    /// As for [`Skcipher::encrypt`].
+    ///
+    /// # Cancel safety
+    /// As for [`Skcipher::encrypt`].
+    pub async fn decrypt(&self, iv: &[u8], buf: Vec<u8>) -> Result<Vec<u8>, Failed> {
+        self.crypt(false, iv, buf).await
+    }
+
+    /// XTS over several data units: `buf` is a whole number of
+    /// `unit_len`-byte units and unit `i` takes tweak `first_tweak + i`
+    /// (128-bit little-endian), each unit one kernel operation. Other modes
+    /// take the whole buffer as one request.
+    ///
+    /// # Errors
+    /// As for [`Skcipher::encrypt`]; a `unit_len` that does not divide the
+    /// buffer or is below one block is [`Error::Invalid`].
+    ///
+    /// # Cancel safety
+    /// As for [`Skcipher::encrypt`].
+    pub async fn crypt_units(
+        &self,
+        encrypt: bool,
+        first_tweak: &[u8; 16],
+        unit_len: usize,
+        buf: Vec<u8>,
+    ) -> Result<Vec<u8>, Failed> {
+        if self.mode != Mode::Xts || unit_len == buf.len() {
+            return self.crypt(encrypt, first_tweak, buf).await;
+        }
+        if unit_len < 16 || !buf.len().is_multiple_of(unit_len) {
+            let error = Error::Invalid {
+                what: "data unit",
+                detail: format!("{unit_len}-byte units in {} bytes", buf.len()),
+            };
+            return Err(Failed { error, buf });
+        }
+        let (shared, tweak) = (self.shared.clone(), *first_tweak);
+        let span = tracing::trace_span!(
+            "af_alg.skcipher.units",
+            name = shared.tfm.name(),
+            encrypt,
+            len = buf.len(),
+            unit_len
+        );
+        blocking::run(buf, self.timeout, move |data| {
+            shared.with_op(|op| {
+                let first = u128::from_le_bytes(tweak);
+                for (i, unit) in data.chunks_mut(unit_len).enumerate() {
+                    let t = first.wrapping_add(i as u128).to_le_bytes();
+                    crypt(op, Mode::Xts, encrypt, t, unit)?;
+                }
+                Ok(())
+            })
+        })
+        .instrument(span)
+        .await
+        .map(|(buf, ())| buf)
+    }
+
+    /// Encrypts or decrypts `data` in place on the calling thread (which
+    /// blocks until the kernel is done).
+    ///
+    /// # Errors
+    /// As for [`Skcipher::encrypt`].
+    pub fn crypt_blocking(&self, encrypt: bool, iv: &[u8], data: &mut [u8]) -> Result<(), Error> {
+        let iv = self.check(iv, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.shared
+            .with_op(|op| crypt(op, self.mode, encrypt, iv, data))
+    }
+
+    async fn crypt(&self, encrypt: bool, iv: &[u8], buf: Vec<u8>) -> Result<Vec<u8>, Failed> {
+        let iv = match self.check(iv, buf.len()) {
+            Ok(iv) => iv,
+            Err(error) => return Err(Failed { error, buf }),
+        };
+        if buf.is_empty() {
+            return Ok(buf);
+        }
+        let (shared, mode) = (self.shared.clone(), self.mode);
+        let span = tracing::trace_span!(
+            "af_alg.skcipher",
+            name = shared.tfm.name(),
+            encrypt,
+            len = buf.len()
+        );
+        blocking::run(buf, self.timeout, move |data| {
+            shared.with_op(|op| crypt(op, mode, encrypt, iv, data))
+        })
+        .instrument(span)
+        .await
+        .map(|(buf, ())| buf)
+    }
+
+    fn check(&self, iv: &[u8], len: usize) -> Result<[u8; 16], Error> {
+        if iv.len() != self.mode.iv_len() {
+            return Err(Error::Invalid {
+                what: "IV length",
+                detail: format!(
+                    "{} bytes for {} (it takes {})",
+                    iv.len(),
+                    self.mode.generic_name(),
+                    self.mode.iv_len()
+                ),
+            });
+        }
+        self.mode.check_len(len)?;
+        let mut block = [0u8; 16];
+        block[..iv.len()].copy_from_slice(iv);
+        Ok(block)
+    }
+}
+
+/// One request, split into operations of at most the socket's limit where
+/// the mode allows (the IV chained in userspace), in place.
+fn crypt(
+    op: &Op,
+    mode: Mode,
+    encrypt: bool,
+    mut iv: [u8; 16],
+    data: &mut [u8],
+) -> Result<(), Error> {
+    let limit = op.limit() / 16 * 16;
+    if mode == Mode::Xts && data.len() > limit {
+        // One tweak per operation: an XTS unit cannot be split.
+        return Err(Error::TooLarge {
+            len: data.len(),
+            max: limit,
+        });
+    }
+    let has_iv = mode.iv_len() > 0;
+    for piece in data.chunks_mut(limit.max(16)) {
+        // CBC decryption chains on the last ciphertext block of the input,
+        // which the operation overwrites.
+        let last_in = last_block(piece);
+        op.send(
+            Control {
+                encrypt: Some(encrypt),
+                iv: has_iv.then_some(&iv[..]),
+                ..Control::default()
+            },
+            &[IoSlice::new(piece)],
+        )?;
+        let got = op.recv(&mut [IoSliceMut::new(piece)])?;
+        if got != piece.len() {
+            return Err(Error::Io {
+                op: "read",
+                source: std::io::Error::other(format!("read {got} of {} bytes", piece.len())),
+            });
+        }
+        iv = match (mode, encrypt) {
+            (Mode::Cbc, true) => last_block(piece),
+            (Mode::Cbc, false) => last_in,
+            (Mode::Ctr, _) => add_blocks(iv, piece.len() / 16),
+            _ => iv,
+        };
+    }
+    Ok(())
+}
+
+fn last_block(data: &[u8]) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    if data.len() >= 16 {
+        b.copy_from_slice(&data[data.len() - 16..]);
+    }
+    b
+}
+
+/// A CTR counter block advanced by `n` blocks (128-bit big-endian, wrapping,
+/// as the kernel's `ctr(aes)` counts).
+fn add_blocks(iv: [u8; 16], n: usize) -> [u8; 16] {
+    u128::from_be_bytes(iv)
+        .wrapping_add(n as u128)
+        .to_be_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ctr_counter_wraps_like_the_kernel() {
+        assert_eq!(add_blocks([0xff; 16], 1), [0; 16]);
+        let mut one = [0; 16];
+        one[15] = 1;
+        assert_eq!(add_blocks([0; 16], 1), one);
+    }
+
+    #[test]
+    fn lengths_and_keys_are_checked_per_mode() {
+        assert!(Mode::Cbc.check_len(15).is_err());
+        assert!(Mode::Ecb.check_len(32).is_ok());
+        assert!(Mode::Ctr.check_len(7).is_ok());
+        assert!(Mode::Xts.check_len(15).is_err());
+        assert!(Mode::Xts.check_len(17).is_ok());
+        assert!(Mode::Xts.check_len(0).is_ok());
+        assert!(Mode::Xts.key_lens().contains(&64));
+        assert!(!Mode::Cbc.key_lens().contains(&64));
+    }
+
+    #[test]
+    fn a_bad_key_length_is_refused_before_any_system_call() {
+        // Even where AF_ALG is missing, the key is checked first.
+        let e = Skcipher::bind(Mode::Cbc, None, &[0; 15]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Invalid {
+                    what: "key length",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}

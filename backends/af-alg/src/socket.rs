@@ -1,0 +1,198 @@
+//! The two AF_ALG sockets: a *transform* socket, bound to an algorithm (by
+//! generic or driver name) and holding its key, and the *operation* sockets
+//! accepted from it, each carrying one request at a time.
+//!
+//! Everything here is synchronous: the calls block while the kernel (or its
+//! engine) works. [`crate::blocking`] moves them off the async workers.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use nix::sys::socket::{
+    AddressFamily, AlgAddr, ControlMessage, MsgFlags, SockFlag, SockType, accept, bind, getsockopt,
+    sendmsg, setsockopt, socket, sockopt,
+};
+
+use crate::error::Error;
+
+/// `struct sockaddr_alg`'s `salg_type` and `salg_name` sizes, with their
+/// terminating NUL.
+const TYPE_MAX: usize = 14;
+const NAME_MAX: usize = 64;
+
+/// The send buffer asked for on each operation socket. The kernel caps it at
+/// twice `net.core.wmem_max` (416 KiB by default); one operation takes at
+/// most what the buffer holds.
+pub(crate) const SEND_BUFFER: usize = 1 << 20;
+
+/// A transform socket: the algorithm and its key, for the session's life.
+/// (A kernel driver does its runtime-PM get when this is created and its put
+/// when it closes, so a session keeps it open rather than one per request.)
+#[derive(Debug)]
+pub(crate) struct Transform {
+    fd: OwnedFd,
+    name: String,
+    /// The implementation the kernel bound, where `/proc/crypto` says.
+    driver: Option<String>,
+    /// The most one operation may carry for this driver (its engine's
+    /// quirk), before the socket's own limit.
+    max_operation: usize,
+}
+
+impl Transform {
+    /// A socket bound to `name` ("cbc(aes)" or a driver name such as
+    /// "virtio_crypto_aes_cbc") of `kind` ("skcipher", "aead", "hash").
+    pub(crate) fn bind(kind: &'static str, name: &str) -> Result<Transform, Error> {
+        if name.is_empty() || name.len() >= NAME_MAX || name.contains('\0') {
+            return Err(Error::Invalid {
+                what: "algorithm name",
+                detail: format!("{name:?}: 1 to {} bytes, no NUL", NAME_MAX - 1),
+            });
+        }
+        debug_assert!(kind.len() < TYPE_MAX);
+        let fd = socket(
+            AddressFamily::Alg,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| Error::sys("socket", "sockets", e))?;
+        bind(fd.as_raw_fd(), &AlgAddr::new(kind, name)).map_err(|e| Error::sys("bind", name, e))?;
+        let driver = bound_driver(kind, name);
+        let max_operation = driver
+            .as_deref()
+            .and_then(|d| crate::engine::classify(d).max_request)
+            .unwrap_or(usize::MAX);
+        Ok(Transform {
+            fd,
+            name: name.to_owned(),
+            driver,
+            max_operation,
+        })
+    }
+
+    /// The implementation the kernel bound (from `/proc/crypto`: the name
+    /// itself if it is a driver name, else the highest-priority driver for
+    /// it), if known.
+    pub(crate) fn driver(&self) -> Option<&str> {
+        self.driver.as_deref()
+    }
+
+    /// The name it was bound with.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Sets the key (`ALG_SET_KEY`). The kernel keeps its own copy; the
+    /// caller wipes theirs.
+    pub(crate) fn set_key(&self, key: &[u8]) -> Result<(), Error> {
+        setsockopt(&self.fd, sockopt::AlgSetKey::default(), &key)
+            .map_err(|e| Error::sys("ALG_SET_KEY", &self.name, e))
+    }
+
+    /// Sets an AEAD's tag length (`ALG_SET_AEAD_AUTHSIZE`).
+    pub(crate) fn set_tag_len(&self, len: usize) -> Result<(), Error> {
+        setsockopt(&self.fd, sockopt::AlgSetAeadAuthSize, &len)
+            .map_err(|e| Error::sys("ALG_SET_AEAD_AUTHSIZE", &self.name, e))
+    }
+
+    /// A new operation socket, with as large a send buffer as the kernel
+    /// grants.
+    pub(crate) fn accept(&self) -> Result<Op, Error> {
+        let raw = accept(self.fd.as_raw_fd()).map_err(|e| Error::sys("accept", &self.name, e))?;
+        // SAFETY: `accept` succeeded, so `raw` is a new open descriptor that
+        // nothing else owns; the `OwnedFd` takes sole ownership and closes it.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // A smaller buffer is no error: the limit below follows what we got.
+        let _ = setsockopt(&fd, sockopt::SndBuf, &SEND_BUFFER);
+        let granted = getsockopt(&fd, sockopt::SndBuf).unwrap_or(4096);
+        // What one operation may queue: `af_alg_sndbuf()` rounds the buffer
+        // down to whole pages (and never below one page).
+        let limit = (granted & !4095).max(4096).min(self.max_operation);
+        Ok(Op { fd, limit })
+    }
+}
+
+/// An operation socket.
+#[derive(Debug)]
+pub(crate) struct Op {
+    fd: OwnedFd,
+    /// The most data one operation (one `sendmsg` without `MSG_MORE`) may
+    /// carry without blocking.
+    limit: usize,
+}
+
+/// What one `sendmsg` carries besides its data.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Control<'a> {
+    /// `ALG_OP_ENCRYPT` (true) or `ALG_OP_DECRYPT` (false); `None` for hashes.
+    pub(crate) encrypt: Option<bool>,
+    /// The IV, if the mode takes one.
+    pub(crate) iv: Option<&'a [u8]>,
+    /// The AEAD's associated-data length.
+    pub(crate) assoc_len: Option<u32>,
+}
+
+impl Op {
+    /// The most data one operation may carry.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Sends `data` (all of it) with its control messages.
+    pub(crate) fn send(&self, control: Control<'_>, data: &[IoSlice<'_>]) -> Result<(), Error> {
+        let op = control.encrypt.map(libc_op);
+        let mut cmsgs = Vec::with_capacity(3);
+        if let Some(op) = &op {
+            cmsgs.push(ControlMessage::AlgSetOp(op));
+        }
+        if let Some(iv) = control.iv {
+            // nix writes `struct af_alg_iv`: the length, then the IV.
+            cmsgs.push(ControlMessage::AlgSetIv(iv));
+        }
+        if let Some(len) = &control.assoc_len {
+            cmsgs.push(ControlMessage::AlgSetAeadAssoclen(len));
+        }
+        let total: usize = data.iter().map(|d| d.len()).sum();
+        let sent = sendmsg::<AlgAddr>(self.fd.as_raw_fd(), data, &cmsgs, MsgFlags::empty(), None)
+            .map_err(|e| Error::sys("sendmsg", "", e))?;
+        if sent != total {
+            return Err(Error::Io {
+                op: "sendmsg",
+                source: std::io::Error::other(format!("sent {sent} of {total} bytes")),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the operation's result into `bufs`; returns the bytes read.
+    pub(crate) fn recv(&self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, Error> {
+        loop {
+            match nix::sys::uio::readv(&self.fd, bufs) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                r => return r.map_err(|e| Error::sys("read", "", e)),
+            }
+        }
+    }
+}
+
+/// Which driver binding `name` as `kind` reaches, by `/proc/crypto`.
+fn bound_driver(kind: &str, name: &str) -> Option<String> {
+    let table = crate::proc_crypto::read().ok()?;
+    if table.iter().any(|r| r.driver == name) {
+        return Some(name.to_owned());
+    }
+    table
+        .into_iter()
+        .filter(|r| r.name == name && r.af_alg_type() == Some(kind))
+        .max_by_key(|r| r.priority)
+        .map(|r| r.driver)
+}
+
+fn libc_op(encrypt: bool) -> nix::libc::c_int {
+    if encrypt {
+        nix::libc::ALG_OP_ENCRYPT
+    } else {
+        nix::libc::ALG_OP_DECRYPT
+    }
+}

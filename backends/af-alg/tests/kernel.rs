@@ -1,0 +1,395 @@
+//! Tests against a real kernel's AF_ALG: every mode and CRC by generic name
+//! and by every driver `/proc/crypto` lists for it (`virtio_crypto_aes_cbc`
+//! in the guest with the device), differential against the CPU fallback,
+//! bad input, a bad tag, large requests and many requests in flight.
+//!
+//! They run in the QEMU guest (`cargo xtask vm-test`), which sets
+//! `CRYPTO_OFFLOAD_GUEST=1`: there AF_ALG must work. On a host without
+//! AF_ALG they check instead that its absence is reported as
+//! `Error::Unavailable` with a reason — and say that the kernel tests did not
+//! run.
+
+use crypto_offload_af_alg::{
+    Aead, Crc, CrcKind, Error, Mode, Skcipher, proc_crypto, unavailable_reason,
+};
+use crypto_offload_fallback as fb;
+use proptest::prelude::*;
+
+/// Whether AF_ALG works here; in the guest it must.
+fn af_alg() -> bool {
+    match crypto_offload_af_alg::probe() {
+        Ok(()) => true,
+        Err(e) => {
+            assert!(
+                e.is_unavailable(),
+                "probe failed other than unavailable: {e:?}"
+            );
+            let reason = unavailable_reason(&e);
+            assert!(!reason.is_empty());
+            assert!(
+                std::env::var_os("CRYPTO_OFFLOAD_GUEST").is_none(),
+                "AF_ALG must work in the test guest: {reason}"
+            );
+            eprintln!("AF_ALG unavailable here ({reason}): kernel tests not run");
+            false
+        }
+    }
+}
+
+fn in_virtio_guest() -> bool {
+    std::env::var("VMTEST_RUN").is_ok_and(|r| r == "virtio")
+}
+
+/// `None` (generic name) and every driver the kernel lists for `name`.
+fn bindings(name: &str, af_alg_type: &str) -> Vec<Option<String>> {
+    let mut out = vec![None];
+    for r in proc_crypto::read().unwrap_or_default() {
+        if r.name == name && r.af_alg_type() == Some(af_alg_type) && r.selftest_passed {
+            out.push(Some(r.driver));
+        }
+    }
+    out
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap()
+}
+
+/// The fallback's result for one skcipher request.
+fn reference(mode: Mode, encrypt: bool, key: &[u8], iv: &[u8], data: &mut [u8]) {
+    let iv16: [u8; 16] = if iv.is_empty() {
+        [0; 16]
+    } else {
+        iv.try_into().unwrap()
+    };
+    match mode {
+        Mode::Ecb => {
+            let c = fb::Cbc::new(key).unwrap();
+            for block in data.chunks_mut(16) {
+                if encrypt {
+                    c.encrypt(&[0; 16], block).unwrap();
+                } else {
+                    c.decrypt(&[0; 16], block).unwrap();
+                }
+            }
+        }
+        Mode::Cbc => {
+            let c = fb::Cbc::new(key).unwrap();
+            if encrypt {
+                c.encrypt(&iv16, data).unwrap();
+            } else {
+                c.decrypt(&iv16, data).unwrap();
+            }
+        }
+        Mode::Ctr => fb::Ctr::new(key)
+            .unwrap()
+            .apply_keystream(&iv16, data)
+            .unwrap(),
+        Mode::Xts => {
+            let x = fb::Xts::new(key).unwrap();
+            if encrypt {
+                x.encrypt(&iv16, data).unwrap();
+            } else {
+                x.decrypt(&iv16, data).unwrap();
+            }
+        }
+        _ => unreachable!(),
+    }
+}
+
+fn valid_len(mode: Mode, len: usize) -> usize {
+    match mode {
+        Mode::Ecb | Mode::Cbc => len / 16 * 16,
+        Mode::Xts => len.max(16),
+        _ => len,
+    }
+}
+
+fn xts_key(mut key: Vec<u8>) -> Vec<u8> {
+    // Distinct halves (the kernel refuses equal ones in FIPS mode, the
+    // fallback always).
+    let half = key.len() / 2;
+    key[half] ^= 0x80;
+    if key[..half] == key[half..] {
+        key[0] ^= 1;
+    }
+    key
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn skcipher_matches_the_fallback(
+        mode in prop::sample::select(Mode::ALL.to_vec()),
+        key_pick in 0usize..3,
+        key_seed in any::<[u8; 64]>(),
+        iv in any::<[u8; 16]>(),
+        len in 0usize..3000,
+        fill in any::<u8>(),
+    ) {
+        if !af_alg() { return Ok(()); }
+        let key_len = mode.key_lens()[key_pick % mode.key_lens().len()];
+        let mut key = key_seed[..key_len].to_vec();
+        if mode == Mode::Xts { key = xts_key(key); }
+        let iv = &iv[..mode.iv_len()];
+        let len = valid_len(mode, len);
+        let plain: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31) ^ fill).collect();
+        let rt = rt();
+        for driver in bindings(mode.generic_name(), "skcipher") {
+            let s = match Skcipher::bind(mode, driver.as_deref(), &key) {
+                Ok(s) => s,
+                // A driver that does not take this key size (virtio-crypto
+                // devices may not) is no failure of the binding.
+                Err(Error::InvalidParameter { .. }) if driver.is_some() => continue,
+                Err(e) => panic!("{mode:?} {driver:?}: {e}"),
+            };
+            let mut want = plain.clone();
+            reference(mode, true, &key, iv, &mut want);
+            let got = rt.block_on(s.encrypt(iv, plain.clone())).unwrap();
+            prop_assert_eq!(&got, &want, "{:?} {:?} encrypt len {}", mode, driver, len);
+            let back = rt.block_on(s.decrypt(iv, got)).unwrap();
+            prop_assert_eq!(&back, &plain, "{:?} {:?} decrypt len {}", mode, driver, len);
+        }
+    }
+
+    #[test]
+    fn gcm_matches_the_fallback(
+        key_pick in 0usize..3,
+        key_seed in any::<[u8; 32]>(),
+        nonce in any::<[u8; 12]>(),
+        aad in prop::collection::vec(any::<u8>(), 0..64),
+        len in 0usize..3000,
+    ) {
+        if !af_alg() { return Ok(()); }
+        let key = &key_seed[..[16, 24, 32][key_pick]];
+        let plain: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        let rt = rt();
+        for driver in bindings("gcm(aes)", "aead") {
+            let g = Aead::bind(driver.as_deref(), key).unwrap();
+            let mut want = plain.clone();
+            let want_tag = fb::Gcm::new(key).unwrap().seal_in_place_detached(&nonce, &aad, &mut want).unwrap();
+            let (ct, tag) = rt.block_on(g.seal(nonce, &aad, plain.clone())).unwrap();
+            prop_assert_eq!(&ct, &want);
+            prop_assert_eq!(tag, want_tag);
+            let back = rt.block_on(g.open(nonce, &aad, ct, tag)).unwrap();
+            prop_assert_eq!(&back, &plain);
+        }
+    }
+
+    #[test]
+    fn crcs_match_the_fallback(data in prop::collection::vec(any::<u8>(), 0..5000)) {
+        if !af_alg() { return Ok(()); }
+        let rt = rt();
+        for (kind, alg) in [
+            (CrcKind::Crc32, fb::CrcAlg::Crc32IsoHdlc),
+            (CrcKind::Crc32c, fb::CrcAlg::Crc32Iscsi),
+            (CrcKind::Crc64Nvme, fb::CrcAlg::Crc64Nvme),
+        ] {
+            let c = Crc::bind(kind, None).unwrap();
+            let (_, got) = rt.block_on(c.checksum(data.clone())).unwrap();
+            prop_assert_eq!(got, fb::checksum(alg, &data), "{:?}", kind);
+        }
+    }
+}
+
+#[test]
+fn crc_check_values_by_generic_and_driver_name() {
+    if !af_alg() {
+        return;
+    }
+    let rt = rt();
+    for (kind, check) in [
+        (CrcKind::Crc32, 0xcbf4_3926u64),
+        (CrcKind::Crc32c, 0xe306_9283),
+        (CrcKind::Crc64Nvme, 0xae8b_1486_0a79_9888),
+    ] {
+        let mut drivers = vec![None];
+        for name in kind.kernel_names() {
+            drivers.extend(bindings(name, "hash").into_iter().flatten().map(Some));
+        }
+        for driver in drivers {
+            let c = Crc::bind(kind, driver.as_deref()).unwrap();
+            let (_, got) = rt.block_on(c.checksum(b"123456789".to_vec())).unwrap();
+            assert_eq!(got, check, "{kind:?} {driver:?}");
+        }
+    }
+}
+
+#[test]
+fn a_bad_tag_is_an_authentication_error_and_releases_no_plaintext() {
+    if !af_alg() {
+        return;
+    }
+    let rt = rt();
+    let g = Aead::bind(None, &[3; 16]).unwrap();
+    let (ct, mut tag) = rt
+        .block_on(g.seal([1; 12], b"hdr", vec![0x55; 1000]))
+        .unwrap();
+    tag[0] ^= 1;
+    let failed = rt.block_on(g.open([1; 12], b"hdr", ct, tag)).unwrap_err();
+    assert!(matches!(failed.error, Error::Authentication), "{failed:?}");
+    assert_eq!(failed.error.raw_os_error(), Some(libc_ebadmsg()));
+    assert_eq!(failed.buf.len(), 1000);
+    assert!(failed.buf.iter().all(|&b| b == 0), "plaintext was released");
+    // The session still works after the failure.
+    let (ct, tag) = rt.block_on(g.seal([2; 12], b"", vec![9; 64])).unwrap();
+    assert_eq!(
+        rt.block_on(g.open([2; 12], b"", ct, tag)).unwrap(),
+        vec![9; 64]
+    );
+}
+
+fn libc_ebadmsg() -> i32 {
+    74
+}
+
+#[test]
+fn bad_input_is_a_typed_error_with_the_buffer_back() {
+    if !af_alg() {
+        return;
+    }
+    let rt = rt();
+    let cbc = Skcipher::bind(Mode::Cbc, None, &[1; 16]).unwrap();
+    let f = rt.block_on(cbc.encrypt(&[0; 16], vec![7; 15])).unwrap_err();
+    assert!(matches!(f.error, Error::Invalid { what: "length", .. }));
+    assert_eq!(f.buf, vec![7; 15]);
+    let f = rt.block_on(cbc.encrypt(&[0; 8], vec![7; 16])).unwrap_err();
+    assert!(matches!(
+        f.error,
+        Error::Invalid {
+            what: "IV length",
+            ..
+        }
+    ));
+    assert_eq!(f.buf, vec![7; 16]);
+    assert!(matches!(
+        Skcipher::bind(Mode::Xts, None, &[1; 20]).unwrap_err(),
+        Error::Invalid { .. }
+    ));
+    assert!(matches!(
+        Skcipher::bind(Mode::Cbc, Some("no-such-driver"), &[1; 16]).unwrap_err(),
+        Error::Unavailable { .. }
+    ));
+    let long = "x".repeat(200);
+    assert!(matches!(
+        Skcipher::bind(Mode::Cbc, Some(&long), &[1; 16]).unwrap_err(),
+        Error::Invalid { .. }
+    ));
+    // Empty requests complete without reaching the kernel.
+    assert!(
+        rt.block_on(cbc.encrypt(&[0; 16], Vec::new()))
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn large_requests_split_and_chain_or_say_too_large() {
+    if !af_alg() {
+        return;
+    }
+    let rt = rt();
+    let len = 3 << 20; // beyond any one operation's send buffer
+    let plain: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+    for mode in [Mode::Cbc, Mode::Ctr, Mode::Ecb] {
+        let key = [0x42; 32];
+        let iv = &[0xfe; 16][..mode.iv_len()];
+        let s = Skcipher::bind(mode, None, &key).unwrap();
+        let mut want = plain.clone();
+        reference(mode, true, &key, iv, &mut want);
+        let got = rt.block_on(s.encrypt(iv, plain.clone())).unwrap();
+        assert!(got == want, "{mode:?} 3 MiB differs from the fallback");
+        assert!(
+            rt.block_on(s.decrypt(iv, got)).unwrap() == plain,
+            "{mode:?}"
+        );
+    }
+    let xts = Skcipher::bind(Mode::Xts, None, &xts_key(vec![5; 64])).unwrap();
+    let f = rt
+        .block_on(xts.encrypt(&[0; 16], plain.clone()))
+        .unwrap_err();
+    assert!(matches!(f.error, Error::TooLarge { .. }), "{f:?}");
+    assert!(f.buf == plain);
+    let gcm = Aead::bind(None, &[1; 16]).unwrap();
+    let f = rt
+        .block_on(gcm.seal([0; 12], b"", plain.clone()))
+        .unwrap_err();
+    assert!(matches!(f.error, Error::TooLarge { .. }), "{f:?}");
+    assert!(f.buf == plain);
+}
+
+#[test]
+fn many_requests_in_flight_on_one_session_and_across_sessions() {
+    if !af_alg() {
+        return;
+    }
+    let rt = rt();
+    let key = [9u8; 16];
+    let mut drivers = bindings("cbc(aes)", "skcipher");
+    if in_virtio_guest() {
+        assert!(
+            drivers
+                .iter()
+                .flatten()
+                .any(|d| d == "virtio_crypto_aes_cbc"),
+            "the virtio guest must list virtio_crypto_aes_cbc: {drivers:?}"
+        );
+    }
+    drivers.truncate(4);
+    for driver in drivers {
+        let one = Skcipher::bind(Mode::Cbc, driver.as_deref(), &key).unwrap();
+        let sessions: Vec<Skcipher> = (0..8)
+            .map(|_| Skcipher::bind(Mode::Cbc, driver.as_deref(), &key).unwrap())
+            .collect();
+        rt.block_on(async {
+            let mut tasks = Vec::new();
+            for i in 0..128usize {
+                let s = if i < 64 {
+                    one.clone()
+                } else {
+                    sessions[i % 8].clone()
+                };
+                tasks.push(tokio::spawn(async move {
+                    let plain = vec![i as u8; 16 * (1 + i % 64)];
+                    let iv = [i as u8; 16];
+                    let got = s.encrypt(&iv, plain.clone()).await.unwrap();
+                    let mut want = plain.clone();
+                    fb::Cbc::new(&key).unwrap().encrypt(&iv, &mut want).unwrap();
+                    assert_eq!(got, want, "request {i}");
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+    }
+}
+
+#[test]
+fn discovery_lists_the_bound_implementations() {
+    if !af_alg() {
+        return;
+    }
+    let all = proc_crypto::read().unwrap();
+    for name in ["cbc(aes)", "ctr(aes)", "xts(aes)", "gcm(aes)", "crc32c"] {
+        assert!(
+            all.iter()
+                .any(|r| r.name == name && r.af_alg_type().is_some()),
+            "{name} not in /proc/crypto"
+        );
+    }
+    if in_virtio_guest() {
+        let v = all
+            .iter()
+            .find(|r| r.driver == "virtio_crypto_aes_cbc")
+            .expect("virtio_crypto_aes_cbc registered");
+        assert!(v.is_async);
+        let e = crypto_offload_af_alg::engine::classify(&v.driver);
+        assert!(e.hardware);
+        assert_eq!(e.short_name, "virtio_crypto");
+    }
+}
