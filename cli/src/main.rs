@@ -47,6 +47,14 @@ pub struct Backends {
     /// the CPU the engine is meant to relieve. Results are then wrong.
     #[arg(long)]
     pub sim_skip_results: bool,
+    /// Leave out the hardware engines AF_ALG offers (they are used by default).
+    #[arg(long)]
+    pub no_af_alg: bool,
+    /// Bind these kernel drivers through AF_ALG as one more backend,
+    /// `af-alg:drivers` (repeatable; CPU-backed drivers such as
+    /// cbc-aes-aesni too, which discovery leaves out).
+    #[arg(long = "af-alg-driver", value_name = "DRIVER")]
+    pub af_alg_drivers: Vec<String>,
 }
 
 #[derive(Subcommand)]

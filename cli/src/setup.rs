@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crypto_offload::{Algorithm, Direction, Offload, OffloadBuilder, Policy, Profile, SimEngine};
+use crypto_offload::{
+    AfAlgBackend, Algorithm, Backend, Direction, Offload, OffloadBuilder, Policy, Profile,
+    SimEngine,
+};
 
 use crate::Backends;
 
@@ -61,9 +64,45 @@ pub fn sims(b: &Backends) -> Result<Vec<Arc<SimEngine>>, Error> {
         .collect()
 }
 
-/// A builder with the CPU, the simulated engines and the policy.
+/// The AF_ALG backends asked for (the engines discovery finds, unless
+/// `--no-af-alg`, and the `--af-alg-driver`s), and a line saying what AF_ALG
+/// offers here.
+pub fn af_alg(b: &Backends) -> Result<(Vec<Arc<AfAlgBackend>>, String), Error> {
+    let mut out = Vec::new();
+    let status = match AfAlgBackend::discover() {
+        Err(why) => format!("AF_ALG: unavailable: {}", why.0),
+        Ok(engines) if b.no_af_alg => format!(
+            "AF_ALG: {} hardware engine(s) left out (--no-af-alg)",
+            engines.len()
+        ),
+        Ok(engines) => {
+            let names: Vec<String> = engines.iter().map(|e| e.name().to_owned()).collect();
+            out.extend(engines.into_iter().map(Arc::new));
+            if names.is_empty() {
+                "AF_ALG: available; no hardware engine (CPU-backed kernel drivers are not \
+                 offered: --af-alg-driver binds one)"
+                    .to_owned()
+            } else {
+                format!("AF_ALG: hardware engines {}", names.join(", "))
+            }
+        }
+    };
+    if !b.af_alg_drivers.is_empty() {
+        let drivers: Vec<&str> = b.af_alg_drivers.iter().map(String::as_str).collect();
+        let explicit = AfAlgBackend::with_drivers("af-alg:drivers", &drivers)
+            .map_err(|why| format!("--af-alg-driver: {}", why.0))?;
+        out.push(Arc::new(explicit));
+    }
+    Ok((out, status))
+}
+
+/// A builder with the CPU, the AF_ALG engines, the simulated engines and
+/// the policy.
 pub fn builder(b: &Backends, sims: &[Arc<SimEngine>]) -> Result<OffloadBuilder, Error> {
     let mut builder = Offload::builder().policy(policy(&b.policy)?);
+    for engine in af_alg(b)?.0 {
+        builder = builder.backend(engine);
+    }
     for sim in sims {
         builder = builder.backend(sim.clone());
     }
@@ -113,9 +152,7 @@ pub async fn probe(b: &Backends) -> Result<(), Error> {
             algs.join(" ")
         );
     }
-    println!(
-        "\nAF_ALG: not compiled into this build (its backend lands with its own issue); this host's kernel has no AF_ALG either."
-    );
+    println!("\n{}", af_alg(b)?.1);
     println!("VFIO: not compiled into this build (its backend lands with its own issue).");
     Ok(())
 }

@@ -115,6 +115,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// The largest request (in bytes) the backend takes for `alg`, if it
+    /// has a limit: the selector sends larger ones elsewhere, and
+    /// calibration measures within it.
+    fn max_request(&self, _alg: Algorithm) -> Option<usize> {
+        None
+    }
+
     /// Opens a keyed cipher context (both directions).
     ///
     /// # Cancel safety

@@ -355,12 +355,15 @@ async fn calibrate_engine(
         let one = time_engine(ctx, dir, SMALL, 1).await?.wall;
         let reps = ((remaining() / 4.0 / one.max(1.0)) as usize).clamp(1, 8);
         let small = time_engine(ctx, dir, SMALL, reps).await?;
-        let mut len = LARGE;
+        // Within the backend's largest request.
+        let max = inner.max_request[slot][crate::cost::key(alg, dir) / 2];
+        let mut len = LARGE.min(max).max(SMALL + 1);
         let mut large = time_engine(ctx, dir, len, 1).await?;
         // Grow the large size while the per-byte cost hides under the fixed
         // one, if a request 16 times larger still fits.
         while large.wall - small.wall < 0.25 * small.wall
             && len < LARGEST
+            && len.saturating_mul(16) <= max
             && large.wall + 16.0 * (large.wall - small.wall).max(0.0) < remaining() / 2.0
         {
             len *= 16;

@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "af-alg")]
+mod af_alg;
 mod alg;
 mod backend;
 mod breaker;
@@ -19,6 +21,10 @@ mod sim;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+#[cfg(feature = "af-alg")]
+pub use af_alg::{
+    AUTOSUSPEND_DELAY as AF_ALG_AUTOSUSPEND_DELAY, AfAlgBackend, Unavailable as AfAlgUnavailable,
+};
 pub use alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 pub use backend::{
     AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed,

@@ -47,6 +47,9 @@ pub(crate) struct Inner {
     pub(crate) probe_interval: Duration,
     /// `supported[slot][algorithm index]`, asked of each backend once.
     pub(crate) supported: Vec<Box<[bool]>>,
+    /// `max_request[slot][algorithm index]`: the largest request the backend
+    /// takes (`usize::MAX` for no limit), asked once.
+    pub(crate) max_request: Vec<Box<[usize]>>,
     /// Per (algorithm, direction): requests shorter than this run on the CPU
     /// under the Latency policy without weighing the engines (kept by
     /// [`Inner::refresh_cpu_bound`]).
@@ -119,9 +122,10 @@ impl Offload {
     /// Every compiled-in backend that works on this machine, plus the CPU,
     /// calibrated when there is more than the CPU to choose from.
     ///
-    /// In this release the only compiled-in backend is the CPU; the AF_ALG
-    /// and VFIO backends join behind their features. A backend that is
-    /// compiled in but unavailable here (no device, no permission) is left
+    /// With the `af-alg` feature, every hardware engine the kernel offers
+    /// through AF_ALG joins ([`AfAlgBackend::discover`](crate::AfAlgBackend::discover));
+    /// the VFIO backend joins behind its feature. A backend that is compiled
+    /// in but unavailable here (no AF_ALG, no device, no permission) is left
     /// out, never an error.
     ///
     /// # Errors
@@ -131,7 +135,15 @@ impl Offload {
     /// # Cancel safety
     /// Dropping the future before it completes leaves nothing behind.
     pub async fn discover() -> Result<Offload, Error> {
-        let offload = Offload::builder().build()?;
+        #[allow(unused_mut)]
+        let mut builder = Offload::builder();
+        #[cfg(feature = "af-alg")]
+        if let Ok(engines) = crate::AfAlgBackend::discover() {
+            for e in engines {
+                builder = builder.backend(std::sync::Arc::new(e));
+            }
+        }
+        let offload = builder.build()?;
         // With the CPU alone there is nothing to choose between.
         if !offload.inner.backends.is_empty() {
             offload.calibrate().await?;
@@ -449,8 +461,16 @@ impl OffloadBuilder {
                     .map(|b| Algorithm::all().map(|a| b.supports(a)).collect()),
             )
             .collect();
+        let max_request = std::iter::once(Algorithm::all().map(|_| usize::MAX).collect())
+            .chain(self.backends.iter().map(|b| {
+                Algorithm::all()
+                    .map(|a| b.max_request(a).unwrap_or(usize::MAX))
+                    .collect()
+            }))
+            .collect();
         let inner = Inner {
             supported,
+            max_request,
             cpu: self.cpu,
             backends: self.backends,
             pinned,

@@ -117,6 +117,8 @@ const QUEUE_PER_SERVER: f64 = 2.0;
 pub(crate) enum Exclusion {
     Unsupported,
     CircuitOpen,
+    /// Longer than the backend's largest request.
+    TooLarge,
     Uncalibrated,
 }
 
@@ -156,6 +158,9 @@ impl Inner {
             }
             if self.breakers[slot].is_open() {
                 return Err(Exclusion::CircuitOpen);
+            }
+            if len > self.max_request[slot][k / 2] {
+                return Err(Exclusion::TooLarge);
             }
         }
         let model = &self.models[slot];
@@ -382,6 +387,10 @@ impl Inner {
                 };
                 let predicted = self.predict(slot, alg, dir, len).map_err(|e| match e {
                     Exclusion::Unsupported => "does not run this algorithm".to_owned(),
+                    Exclusion::TooLarge => format!(
+                        "takes at most {} bytes a request",
+                        self.max_request[slot][crate::cost::key(alg, dir) / 2]
+                    ),
                     Exclusion::Uncalibrated => "not calibrated".to_owned(),
                     Exclusion::CircuitOpen => format!(
                         "circuit open: {}",

@@ -1,0 +1,473 @@
+//! The AF_ALG backend (feature `af-alg`): the kernel's crypto engines,
+//! through [`crypto_offload_af_alg`].
+//!
+//! [`AfAlgBackend::discover`] makes one backend per hardware engine family
+//! `/proc/crypto` lists (each with its own cost model), with the
+//! highest-priority driver of that family for each algorithm. Kernel drivers
+//! that run on the CPU (AES-NI, ARM CE, generic C) are left out — they never
+//! beat this process's own CPU code — but [`AfAlgBackend::with_drivers`]
+//! binds any drivers by name, CPU-backed ones included.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use crypto_offload_af_alg as af;
+
+use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
+use crate::backend::{
+    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed,
+};
+use crate::buffer::IoBuf;
+use crate::error::BackendError;
+use crate::key::SecretKey;
+use crate::power::{PowerControl, PowerDomain, PowerRef};
+
+/// An engine reached through AF_ALG.
+#[derive(Debug)]
+pub struct AfAlgBackend {
+    name: String,
+    /// The engine's devices' runtime PM, where sysfs exposes it.
+    power: Option<PowerDomain>,
+    devices: Vec<std::path::PathBuf>,
+    /// The driver bound for each algorithm it runs.
+    drivers: Vec<(Algorithm, String)>,
+    limit: usize,
+}
+
+/// Why AF_ALG offers no engine here (for `offload probe`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+impl AfAlgBackend {
+    /// One backend per hardware engine family found in `/proc/crypto`
+    /// (named `af-alg:<family>`, e.g. `af-alg:virtio_crypto`).
+    ///
+    /// # Errors
+    /// Why AF_ALG offers nothing here: no AF_ALG in this kernel,
+    /// `af_alg_restrict`, no permission, or no readable `/proc/crypto`.
+    /// Never a reason to fail the caller: the CPU runs everything.
+    pub fn discover() -> Result<Vec<AfAlgBackend>, Unavailable> {
+        af::probe().map_err(|e| Unavailable(af::unavailable_reason(&e)))?;
+        let table =
+            af::proc_crypto::read().map_err(|e| Unavailable(format!("/proc/crypto: {e}")))?;
+        let mut families: BTreeMap<&'static str, Vec<af::proc_crypto::Registered>> =
+            BTreeMap::new();
+        for r in table {
+            let engine = af::engine::classify(&r.driver);
+            if engine.hardware && r.selftest_passed && r.af_alg_type().is_some() {
+                families.entry(engine.short_name).or_default().push(r);
+            }
+        }
+        Ok(families
+            .into_iter()
+            .map(|(family, regs)| AfAlgBackend::from_registered(&format!("af-alg:{family}"), &regs))
+            .filter(|b| !b.drivers.is_empty())
+            .collect())
+    }
+
+    /// A backend named `name` that binds exactly `drivers` (as
+    /// `/proc/crypto` names them; CPU-backed kernel drivers too).
+    ///
+    /// # Errors
+    /// AF_ALG is unavailable, or `/proc/crypto` lists none of `drivers`.
+    pub fn with_drivers(name: &str, drivers: &[&str]) -> Result<AfAlgBackend, Unavailable> {
+        af::probe().map_err(|e| Unavailable(af::unavailable_reason(&e)))?;
+        let table =
+            af::proc_crypto::read().map_err(|e| Unavailable(format!("/proc/crypto: {e}")))?;
+        let regs: Vec<_> = table
+            .into_iter()
+            .filter(|r| drivers.contains(&r.driver.as_str()) && r.af_alg_type().is_some())
+            .collect();
+        let b = AfAlgBackend::from_registered(name, &regs);
+        if b.drivers.is_empty() {
+            return Err(Unavailable(format!(
+                "none of {drivers:?} runs an algorithm this crate offers"
+            )));
+        }
+        Ok(b)
+    }
+
+    fn from_registered(name: &str, regs: &[af::proc_crypto::Registered]) -> AfAlgBackend {
+        let mut best: Vec<(Algorithm, i32, String)> = Vec::new();
+        for r in regs {
+            for alg in algorithms_of(r) {
+                match best.iter_mut().find(|(a, ..)| *a == alg) {
+                    Some(b) if r.priority > b.1 => *b = (alg, r.priority, r.driver.clone()),
+                    Some(_) => {}
+                    None => best.push((alg, r.priority, r.driver.clone())),
+                }
+            }
+        }
+        let modules: Vec<&str> = regs
+            .iter()
+            .filter(|r| best.iter().any(|(_, _, d)| *d == r.driver))
+            .map(|r| r.module.as_str())
+            .collect();
+        let pm = modules
+            .into_iter()
+            .filter_map(af::RuntimePm::for_module)
+            .reduce(af::RuntimePm::merge);
+        AfAlgBackend {
+            name: name.to_owned(),
+            devices: pm
+                .as_ref()
+                .map(|p| p.devices().to_vec())
+                .unwrap_or_default(),
+            power: pm.map(|pm| PowerDomain::new(name, SysfsPower(pm), AUTOSUSPEND_DELAY)),
+            drivers: best.into_iter().map(|(a, _, d)| (a, d)).collect(),
+            limit: af::operation_limit(),
+        }
+    }
+
+    /// The sysfs devices whose runtime PM the backend's power domain
+    /// switches (none where sysfs exposes no control).
+    pub fn power_devices(&self) -> &[std::path::PathBuf] {
+        &self.devices
+    }
+
+    /// The driver bound for `alg`, if this backend runs it.
+    pub fn driver(&self, alg: Algorithm) -> Option<&str> {
+        self.drivers
+            .iter()
+            .find(|(a, _)| *a == alg)
+            .map(|(_, d)| d.as_str())
+    }
+
+    async fn power_ref(&self) -> Result<Option<PowerRef>, BackendError> {
+        match &self.power {
+            Some(p) => p.acquire().await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn driver_or_unsupported(&self, alg: Algorithm) -> Result<&str, BackendError> {
+        self.driver(alg)
+            .ok_or_else(|| BackendError::Unsupported(format!("{} on {}", alg.name(), self.name)))
+    }
+}
+
+/// How long an AF_ALG request may take before it is given up as hung and
+/// replayed on the CPU (from a copy of its input): 2 s, plus 100 ms a MiB (a
+/// 10 MB/s floor, below any engine this crate would choose).
+pub const REQUEST_TIMEOUT: af::RequestTimeout = af::RequestTimeout {
+    fixed: Duration::from_secs(2),
+    per_mib: Duration::from_millis(100),
+};
+
+/// How long an engine stays up after its last session closes.
+pub const AUTOSUSPEND_DELAY: Duration = Duration::from_secs(1);
+
+/// The power switch: the devices' `power/control`, `on` while a session
+/// holds the domain and `auto` (suspend when idle) after. The kernel driver
+/// also holds its own runtime-PM reference while a transform is open, so a
+/// request still in the kernel when its session drops keeps the device up.
+struct SysfsPower(af::RuntimePm);
+
+#[async_trait]
+impl PowerControl for SysfsPower {
+    async fn power_on(&self) -> Result<(), BackendError> {
+        self.0.set_active(true).map_err(|source| BackendError::Io {
+            op: "write power/control",
+            source,
+        })
+    }
+
+    async fn power_off(&self) -> Result<(), BackendError> {
+        self.0.set_active(false).map_err(|source| BackendError::Io {
+            op: "write power/control",
+            source,
+        })
+    }
+}
+
+/// The crate's algorithms a `/proc/crypto` entry runs (every key size in
+/// its `min keysize`–`max keysize` range).
+fn algorithms_of(r: &af::proc_crypto::Registered) -> Vec<Algorithm> {
+    let keys = |alg_key: usize| {
+        let get = |k: &str| r.other.get(k).and_then(|v| v.parse::<usize>().ok());
+        match (get("min keysize"), get("max keysize")) {
+            (Some(lo), Some(hi)) => (lo..=hi).contains(&alg_key),
+            _ => true,
+        }
+    };
+    let mode = match r.name.as_str() {
+        "cbc(aes)" => Some(CipherMode::Cbc),
+        "ctr(aes)" => Some(CipherMode::Ctr),
+        "xts(aes)" => Some(CipherMode::Xts),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    if let Some(mode) = mode.filter(|_| r.af_alg_type() == Some("skcipher")) {
+        out.extend(
+            CipherAlg::ALL
+                .into_iter()
+                .filter(|a| a.mode() == mode && keys(a.key_len()))
+                .map(Algorithm::Cipher),
+        );
+    }
+    if r.name == "gcm(aes)" && r.af_alg_type() == Some("aead") {
+        out.extend(
+            AeadAlg::ALL
+                .into_iter()
+                .filter(|a| keys(a.key_len()))
+                .map(Algorithm::Aead),
+        );
+    }
+    if r.af_alg_type() == Some("hash") {
+        let crc = match r.name.as_str() {
+            "crc32" => Some(CrcAlg::Crc32IsoHdlc),
+            "crc32c" => Some(CrcAlg::Crc32Iscsi),
+            "crc64-rocksoft" | "crc64-nvme" => Some(CrcAlg::Crc64Nvme),
+            _ => None,
+        };
+        out.extend(crc.map(Algorithm::Crc));
+    }
+    out
+}
+
+fn mode_of(alg: CipherAlg) -> af::Mode {
+    match alg.mode() {
+        CipherMode::Cbc => af::Mode::Cbc,
+        CipherMode::Ctr => af::Mode::Ctr,
+        CipherMode::Xts => af::Mode::Xts,
+    }
+}
+
+fn crc_kind(alg: CrcAlg) -> Option<af::CrcKind> {
+    match alg {
+        CrcAlg::Crc32IsoHdlc => Some(af::CrcKind::Crc32),
+        CrcAlg::Crc32Iscsi => Some(af::CrcKind::Crc32c),
+        CrcAlg::Crc64Nvme => Some(af::CrcKind::Crc64Nvme),
+        _ => None,
+    }
+}
+
+/// The crate's error for the binding's, keeping the errno.
+fn backend_error(e: af::Error) -> BackendError {
+    match e {
+        af::Error::Authentication => BackendError::Authentication,
+        af::Error::Timeout(_) => BackendError::Timeout,
+        af::Error::TooLarge { .. } | af::Error::Invalid { .. } => {
+            BackendError::Unsupported(e.to_string())
+        }
+        af::Error::Unavailable { source, .. } => BackendError::Io { op: "bind", source },
+        af::Error::InvalidParameter { op, source } | af::Error::Io { op, source } => {
+            BackendError::Io { op, source }
+        }
+        other => BackendError::Other(Box::new(other)),
+    }
+}
+
+fn failed(f: af::Failed) -> Failed {
+    Failed::new(backend_error(f.error), IoBuf::from(f.buf))
+}
+
+#[async_trait]
+impl Backend for AfAlgBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Kernel
+    }
+
+    fn supports(&self, alg: Algorithm) -> bool {
+        self.driver(alg).is_some()
+    }
+
+    fn power(&self) -> Option<&PowerDomain> {
+        self.power.as_ref()
+    }
+
+    fn max_request(&self, alg: Algorithm) -> Option<usize> {
+        // The engine's own limit on one operation (a quirk in the engine
+        // table), within the socket's.
+        let engine = self
+            .driver(alg)
+            .and_then(|d| af::engine::classify(d).max_request);
+        let op = engine.map_or(self.limit, |e| e.min(self.limit));
+        match alg {
+            // One tweak or one message per kernel operation; GCM's room
+            // leaves 4 KiB for associated data and the tag.
+            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => Some(op),
+            Algorithm::Aead(_) => Some(op.saturating_sub(4096)),
+            // CBC, CTR and CRCs are split into operations by the binding.
+            _ => None,
+        }
+    }
+
+    async fn open_cipher(
+        &self,
+        alg: CipherAlg,
+        key: &SecretKey,
+    ) -> Result<Box<dyn CipherContext>, BackendError> {
+        let driver = self.driver_or_unsupported(alg.into())?;
+        // The device up first, then the transform (whose open is the
+        // driver's own runtime-PM get).
+        let power = self.power_ref().await?;
+        let s = af::Skcipher::bind(mode_of(alg), Some(driver), key.expose())
+            .map_err(backend_error)?
+            .with_timeout(REQUEST_TIMEOUT);
+        Ok(Box::new(Cipher(s, power)))
+    }
+
+    async fn open_aead(
+        &self,
+        alg: AeadAlg,
+        key: &SecretKey,
+    ) -> Result<Box<dyn AeadContext>, BackendError> {
+        let driver = self.driver_or_unsupported(alg.into())?;
+        // The device up first, then the transform (whose open is the
+        // driver's own runtime-PM get).
+        let power = self.power_ref().await?;
+        let a = af::Aead::bind(Some(driver), key.expose())
+            .map_err(backend_error)?
+            .with_timeout(REQUEST_TIMEOUT);
+        Ok(Box::new(Aead(a, power)))
+    }
+
+    async fn open_crc(&self, alg: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
+        let driver = self.driver_or_unsupported(alg.into())?;
+        // The device up first, then the transform (whose open is the
+        // driver's own runtime-PM get).
+        let power = self.power_ref().await?;
+        let kind = crc_kind(alg)
+            .ok_or_else(|| BackendError::Unsupported(format!("{} on AF_ALG", alg.name())))?;
+        let c = af::Crc::bind(kind, Some(driver))
+            .map_err(backend_error)?
+            .with_timeout(REQUEST_TIMEOUT);
+        Ok(Box::new(Crc(c, power)))
+    }
+}
+
+/// Each context holds the engine's power for the session's life.
+struct Cipher(af::Skcipher, #[allow(dead_code)] Option<PowerRef>);
+
+#[async_trait]
+impl CipherContext for Cipher {
+    async fn encrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+        self.0
+            .crypt_units(true, &params.iv, params.data_unit, buf.into())
+            .await
+            .map(IoBuf::from)
+            .map_err(failed)
+    }
+
+    async fn decrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+        self.0
+            .crypt_units(false, &params.iv, params.data_unit, buf.into())
+            .await
+            .map(IoBuf::from)
+            .map_err(failed)
+    }
+}
+
+struct Aead(af::Aead, #[allow(dead_code)] Option<PowerRef>);
+
+#[async_trait]
+impl AeadContext for Aead {
+    async fn seal(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        buf: IoBuf,
+    ) -> Result<(IoBuf, [u8; 16]), Failed> {
+        self.0
+            .seal(nonce, aad, buf.into())
+            .await
+            .map(|(b, tag)| (IoBuf::from(b), tag))
+            .map_err(failed)
+    }
+
+    async fn open(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        buf: IoBuf,
+        tag: [u8; 16],
+    ) -> Result<IoBuf, Failed> {
+        self.0
+            .open(nonce, aad, buf.into(), tag)
+            .await
+            .map(IoBuf::from)
+            .map_err(failed)
+    }
+}
+
+struct Crc(af::Crc, #[allow(dead_code)] Option<PowerRef>);
+
+#[async_trait]
+impl CrcContext for Crc {
+    async fn checksum(&self, buf: IoBuf) -> Result<(IoBuf, u64), Failed> {
+        self.0
+            .checksum(buf.into())
+            .await
+            .map(|(b, v)| (IoBuf::from(b), v))
+            .map_err(failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(text: &str) -> af::proc_crypto::Registered {
+        af::proc_crypto::parse(text).remove(0)
+    }
+
+    #[test]
+    fn proc_crypto_entries_map_to_algorithms_by_key_size() {
+        let virtio = reg(
+            "name : cbc(aes)\ndriver : virtio_crypto_aes_cbc\npriority : 150\n\
+                          type : skcipher\nselftest : passed\ninternal : no\n\
+                          min keysize : 16\nmax keysize : 32\n",
+        );
+        assert_eq!(
+            algorithms_of(&virtio),
+            vec![
+                Algorithm::Cipher(CipherAlg::Aes128Cbc),
+                Algorithm::Cipher(CipherAlg::Aes192Cbc),
+                Algorithm::Cipher(CipherAlg::Aes256Cbc),
+            ]
+        );
+        let xts = reg("name : xts(aes)\ndriver : xts-aes-qce\ntype : skcipher\n\
+                       min keysize : 32\nmax keysize : 64\n");
+        assert_eq!(algorithms_of(&xts).len(), 3);
+        let crc = reg("name : crc64-rocksoft\ndriver : crc64-rocksoft-generic\ntype : shash\n");
+        assert_eq!(algorithms_of(&crc), vec![Algorithm::Crc(CrcAlg::Crc64Nvme)]);
+        let internal = reg(
+            "name : __cbc(aes)\ndriver : __cbc-aes-aesni\ntype : skcipher\n\
+                            internal : yes\n",
+        );
+        assert!(algorithms_of(&internal).is_empty());
+    }
+
+    #[test]
+    fn the_highest_priority_driver_of_a_family_wins() {
+        let regs = af::proc_crypto::parse(
+            "name : cbc(aes)\ndriver : cbc-aes-omap\npriority : 300\ntype : skcipher\n\n\
+             name : cbc(aes)\ndriver : cbc-aes-omap-slow\npriority : 100\ntype : skcipher\n",
+        );
+        let b = AfAlgBackend::from_registered("af-alg:omap", &regs);
+        assert_eq!(
+            b.driver(Algorithm::Cipher(CipherAlg::Aes128Cbc)),
+            Some("cbc-aes-omap")
+        );
+        assert!(!b.supports(Algorithm::Cipher(CipherAlg::Aes128Ctr)));
+    }
+
+    #[test]
+    fn errors_keep_their_errno_and_meaning() {
+        let e = backend_error(af::Error::Authentication);
+        assert!(matches!(e, BackendError::Authentication));
+        let e = backend_error(af::Error::TooLarge { len: 9, max: 8 });
+        assert!(matches!(e, BackendError::Unsupported(_)));
+        let io = af::Error::Io {
+            op: "read",
+            source: std::io::Error::from_raw_os_error(5),
+        };
+        assert_eq!(backend_error(io).raw_os_error(), Some(5));
+    }
+}

@@ -1,0 +1,209 @@
+//! The AF_ALG backend through `Offload` (feature `af-alg`).
+//!
+//! On a host without AF_ALG: discovery yields a CPU-only `Offload` and says
+//! why. In the QEMU guest (`cargo xtask vm-test` sets
+//! `CRYPTO_OFFLOAD_GUEST=1`, and `VMTEST_RUN=virtio` with the
+//! virtio-crypto device): every kernel driver that runs one of this crate's
+//! algorithms passes the known-answer harness by driver name, with no
+//! request replayed on the CPU, and discovery finds the virtio engine.
+#![cfg(feature = "af-alg")]
+
+use std::sync::Arc;
+
+use crypto_offload::{AfAlgBackend, Algorithm, Backend, CipherAlg, Offload, testing};
+use crypto_offload_af_alg as af;
+
+fn in_guest() -> bool {
+    std::env::var_os("CRYPTO_OFFLOAD_GUEST").is_some()
+}
+
+fn in_virtio_guest() -> bool {
+    std::env::var("VMTEST_RUN").is_ok_and(|r| r == "virtio")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_says_why_af_alg_is_missing_or_finds_its_engines() {
+    let offload = Offload::discover().await.unwrap();
+    let names: Vec<String> = offload.backends().into_iter().map(|b| b.name).collect();
+    match AfAlgBackend::discover() {
+        Err(why) => {
+            assert!(!in_guest(), "AF_ALG must work in the guest: {}", why.0);
+            // The host case: a CPU-only Offload, and a reason to show.
+            assert_eq!(names, vec!["cpu".to_owned()]);
+            assert!(why.0.contains("AF_ALG"), "{}", why.0);
+        }
+        Ok(engines) => {
+            for e in &engines {
+                assert!(names.iter().any(|n| n == e.name()), "{names:?}");
+            }
+            if in_virtio_guest() {
+                let virtio = engines
+                    .iter()
+                    .find(|e| e.name() == "af-alg:virtio_crypto")
+                    .expect("the virtio engine is discovered");
+                assert!(virtio.supports(Algorithm::Cipher(CipherAlg::Aes128Cbc)));
+                assert!(!virtio.supports(Algorithm::Cipher(CipherAlg::Aes128Xts)));
+            } else {
+                // The kernel's CPU drivers are not engines.
+                assert!(engines.is_empty(), "{names:?}");
+            }
+        }
+    }
+}
+
+/// Every driver in `/proc/crypto` that runs one of this crate's algorithms.
+fn drivers() -> Vec<String> {
+    let mut out: Vec<String> = af::proc_crypto::read()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.af_alg_type().is_some() && r.selftest_passed)
+        .filter(|r| AfAlgBackend::with_drivers("probe", &[r.driver.as_str()]).is_ok())
+        .map(|r| r.driver)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kernel_driver_passes_the_known_answers() {
+    if af::probe().is_err() {
+        assert!(!in_guest(), "AF_ALG must work in the guest");
+        return;
+    }
+    let drivers = drivers();
+    eprintln!("drivers: {drivers:?}");
+    for want in ["cbc", "ctr", "xts", "gcm", "crc32c"] {
+        assert!(
+            drivers.iter().any(|d| d.contains(want)),
+            "no {want} driver in {drivers:?}"
+        );
+    }
+    if in_virtio_guest() {
+        assert!(drivers.iter().any(|d| d == "virtio_crypto_aes_cbc"));
+    }
+    for driver in &drivers {
+        let backend = AfAlgBackend::with_drivers("af-alg:under-test", &[driver]).unwrap();
+        let offload = Offload::builder()
+            .backend(Arc::new(backend))
+            .pin("af-alg:under-test")
+            .build()
+            .unwrap();
+        let report = testing::run_vectors(&offload).await;
+        report.assert_ok();
+        let stats = offload
+            .backends()
+            .into_iter()
+            .find(|b| b.name == "af-alg:under-test")
+            .unwrap()
+            .stats;
+        eprintln!(
+            "{driver}: {} vectors passed, {} requests on AF_ALG",
+            report.passed, stats.requests
+        );
+        assert!(stats.requests > 0, "{driver}: nothing ran on AF_ALG");
+        // Replays on the CPU would hide a wrong driver: there must be none.
+        assert_eq!(
+            stats.failures, 0,
+            "{driver}: requests failed over to the CPU"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_requests_in_flight_through_sessions() {
+    let Ok(engines) = AfAlgBackend::discover() else {
+        assert!(!in_guest());
+        return;
+    };
+    let backend: Arc<dyn Backend> = match engines.into_iter().next() {
+        Some(e) => Arc::new(e),
+        // No engine in the plain guest: the kernel's CPU driver stands in.
+        None => Arc::new(AfAlgBackend::with_drivers("af-alg:cpu", &["cbc-aes-aesni"]).unwrap()),
+    };
+    let name = backend.name().to_owned();
+    let offload = Offload::builder()
+        .backend(backend)
+        .pin(name.clone())
+        .build()
+        .unwrap();
+    let key = [0x24u8; 16];
+    let sessions = [
+        Arc::new(offload.cipher(CipherAlg::Aes128Cbc, &key).await.unwrap()),
+        Arc::new(offload.cipher(CipherAlg::Aes128Cbc, &key).await.unwrap()),
+    ];
+    let mut tasks = Vec::new();
+    for i in 0..64usize {
+        let s = sessions[i % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let iv = [i as u8; 16];
+            let plain = vec![i as u8; 64 * (1 + i % 16)];
+            let got = s.encrypt(&iv, plain.clone()).await.unwrap();
+            let mut want = plain;
+            crypto_offload_fallback::Cbc::new(&key)
+                .unwrap()
+                .encrypt(&iv, &mut want)
+                .unwrap();
+            assert_eq!(got, want, "request {i}");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let stats = offload
+        .backends()
+        .into_iter()
+        .find(|b| b.name == name)
+        .unwrap()
+        .stats;
+    assert_eq!((stats.requests, stats.failures), (64, 0), "{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_holds_the_engines_runtime_pm_and_its_drop_releases_it() {
+    if !in_virtio_guest() {
+        return;
+    }
+    let engine = AfAlgBackend::discover()
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name() == "af-alg:virtio_crypto")
+        .expect("the virtio engine");
+    let devices = engine.power_devices().to_vec();
+    assert!(
+        !devices.is_empty(),
+        "no power/control for the virtio engine"
+    );
+    let control = || std::fs::read_to_string(devices[0].join("power/control")).unwrap();
+    let offload = Offload::builder()
+        .backend(Arc::new(engine))
+        .pin("af-alg:virtio_crypto")
+        .build()
+        .unwrap();
+    let stats = || {
+        offload
+            .backends()
+            .into_iter()
+            .find(|b| b.name == "af-alg:virtio_crypto")
+            .unwrap()
+            .power
+            .unwrap()
+    };
+    let s = offload
+        .cipher(CipherAlg::Aes128Cbc, &[1; 16])
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    for i in 0..200u128 {
+        buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
+    }
+    assert_eq!(control().trim(), "on");
+    assert_eq!((stats().resumes, stats().suspends), (1, 0));
+    drop(s);
+    tokio::time::sleep(
+        crypto_offload::AF_ALG_AUTOSUSPEND_DELAY + std::time::Duration::from_millis(500),
+    )
+    .await;
+    assert_eq!(control().trim(), "auto");
+    assert_eq!((stats().resumes, stats().suspends), (1, 1));
+}
