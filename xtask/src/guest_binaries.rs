@@ -18,6 +18,9 @@ use serde::Deserialize;
 
 /// The package whose tests are run when it exists: the AF_ALG backend.
 pub const AF_ALG_PACKAGE: &str = "crypto-offload-af-alg";
+/// With the AF_ALG backend, this package's AF_ALG integration test runs
+/// too (built with its `af-alg` feature).
+pub const OFFLOAD_PACKAGE: &str = "crypto-offload";
 /// The package whose tests are run otherwise.
 pub const FALLBACK_PACKAGE: &str = "crypto-offload-fallback";
 /// The extra binary included by default: `offload` from `offload-cli`.
@@ -83,12 +86,14 @@ impl Workspace {
     /// The packages whose tests run when none is given: the AF_ALG backend
     /// if the workspace has it, else the CPU fallback.
     pub fn default_test_packages(&self) -> Vec<String> {
-        let name = if self.package(AF_ALG_PACKAGE).is_some() {
-            AF_ALG_PACKAGE
-        } else {
-            FALLBACK_PACKAGE
-        };
-        vec![name.to_owned()]
+        if self.package(AF_ALG_PACKAGE).is_none() {
+            return vec![FALLBACK_PACKAGE.to_owned()];
+        }
+        let mut out = vec![AF_ALG_PACKAGE.to_owned()];
+        if self.package(OFFLOAD_PACKAGE).is_some() {
+            out.push(format!("{OFFLOAD_PACKAGE}+af-alg/af_alg"));
+        }
+        out
     }
 }
 
@@ -278,25 +283,42 @@ pub fn build_tests(
     packages: &[String],
 ) -> Result<Vec<GuestBinary>> {
     let mut artifacts = Vec::new();
-    for package in packages {
+    for spec in packages {
+        let (package, features, test) = parse_test_spec(spec);
         if workspace.package(package).is_none() {
             bail!(
                 "package {package} is not in the workspace at {}",
                 workspace.workspace_root.display()
             );
         }
-        let built = cargo_json(
-            cargo,
-            &workspace.workspace_root,
-            package,
-            &["test", "--no-run"],
-        )?;
+        let mut args = vec!["test", "--no-run"];
+        let features = features.join(",");
+        if !features.is_empty() {
+            args.extend(["--features", &features]);
+        }
+        if let Some(test) = test {
+            args.extend(["--test", test]);
+        }
+        let built = cargo_json(cargo, &workspace.workspace_root, package, &args)?;
         artifacts.extend(built.into_iter().filter(|a| a.test));
     }
     if artifacts.is_empty() {
         bail!("cargo built no test binaries for {}", packages.join(", "));
     }
     Ok(name_tests(artifacts))
+}
+
+/// `PACKAGE[+FEATURE…][/TEST]`: a package's test binaries, built with
+/// those features, or only its integration test `TEST`
+/// (e.g. `crypto-offload+af-alg/af_alg`).
+pub fn parse_test_spec(spec: &str) -> (&str, Vec<&str>, Option<&str>) {
+    let (rest, test) = match spec.split_once('/') {
+        Some((rest, test)) if !test.is_empty() => (rest, Some(test)),
+        _ => (spec, None),
+    };
+    let mut parts = rest.split('+');
+    let package = parts.next().unwrap_or_default();
+    (package, parts.filter(|f| !f.is_empty()).collect(), test)
 }
 
 /// Builds one release binary for the guest's /bin.
@@ -429,5 +451,10 @@ mod tests {
         assert_eq!(workspace.default_test_packages(), [FALLBACK_PACKAGE]);
         workspace.packages.push(package(AF_ALG_PACKAGE));
         assert_eq!(workspace.default_test_packages(), [AF_ALG_PACKAGE]);
+        assert_eq!(
+            parse_test_spec("crypto-offload+af-alg+testing/af_alg"),
+            ("crypto-offload", vec!["af-alg", "testing"], Some("af_alg"))
+        );
+        assert_eq!(parse_test_spec("p"), ("p", vec![], None));
     }
 }

@@ -48,8 +48,9 @@ pub struct VmTestArgs {
     /// Which guest runs to boot.
     #[arg(long, value_enum, default_value_t = RunSelection::All)]
     pub run: RunSelection,
-    /// Package whose test binaries run in the guest (repeatable) [default:
-    /// crypto-offload-af-alg if the workspace has it, else
+    /// Package whose test binaries run in the guest (repeatable), as
+    /// `PACKAGE[+FEATURE…][/TEST]` [default: crypto-offload-af-alg and
+    /// crypto-offload+af-alg/af_alg if the workspace has them, else
     /// crypto-offload-fallback].
     #[arg(long = "package", short = 'p', value_name = "P")]
     pub packages: Vec<String>,
