@@ -23,6 +23,21 @@ fn probe_lists_the_cpu_and_the_simulated_engines() {
         assert!(out.contains(name), "{name} missing from:\n{out}");
     }
     assert!(out.contains("CRC-64/NVME"));
+    // AF_ALG is either there (engines or none) or unavailable with a reason.
+    let af_alg = out.lines().find(|l| l.starts_with("AF_ALG:")).unwrap();
+    assert!(
+        af_alg.starts_with("AF_ALG: hardware engines")
+            || af_alg.starts_with("AF_ALG: available; no hardware engine")
+            || (af_alg.starts_with("AF_ALG: unavailable: ") && af_alg.len() > 22),
+        "{af_alg}"
+    );
+}
+
+#[test]
+fn a_driver_that_cannot_be_bound_is_an_error_that_says_why() {
+    let (ok, _, err) = offload(&["probe", "--af-alg-driver", "no-such-driver"]);
+    assert!(!ok);
+    assert!(err.contains("--af-alg-driver"), "{err}");
 }
 
 #[test]

@@ -298,6 +298,21 @@ impl Backend for AfAlgBackend {
         }
     }
 
+    fn operation_len(&self, alg: Algorithm) -> Option<usize> {
+        // CBC and CTR requests go to the kernel in operations of at most
+        // this size (the binding chains the IV), each paying the engine's
+        // fixed cost.
+        match alg {
+            Algorithm::Cipher(c) if c.mode() != CipherMode::Xts => {
+                let engine = self
+                    .driver(alg)
+                    .and_then(|d| af::engine::classify(d).max_request);
+                Some(engine.map_or(self.limit, |e| e.min(self.limit)))
+            }
+            _ => None,
+        }
+    }
+
     async fn open_cipher(
         &self,
         alg: CipherAlg,

@@ -122,6 +122,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// The largest operation the engine carries a request of `alg` in, if
+    /// it splits larger requests into several (each paying the fixed
+    /// costs): the cost model counts the operations.
+    fn operation_len(&self, _alg: Algorithm) -> Option<usize> {
+        None
+    }
+
     /// Opens a keyed cipher context (both directions).
     ///
     /// # Cancel safety

@@ -356,7 +356,9 @@ async fn calibrate_engine(
         let reps = ((remaining() / 4.0 / one.max(1.0)) as usize).clamp(1, 8);
         let small = time_engine(ctx, dir, SMALL, reps).await?;
         // Within the backend's largest request.
-        let max = inner.max_request[slot][crate::cost::key(alg, dir) / 2];
+        let operation = backend.operation_len(alg);
+        let max = inner.max_request[slot][crate::cost::key(alg, dir) / 2]
+            .min(operation.unwrap_or(usize::MAX));
         let mut len = LARGE.min(max).max(SMALL + 1);
         let mut large = time_engine(ctx, dir, len, 1).await?;
         // Grow the large size while the per-byte cost hides under the fixed
@@ -403,6 +405,7 @@ async fn calibrate_engine(
         if let Some(depth) = backend.queue_depth() {
             cost = cost.with_queue_depth(u32::try_from(depth).unwrap_or(u32::MAX));
         }
+        cost = cost.with_operation_len(operation);
         inner.set_cost(slot, alg, dir, cost);
         last = Some(cost);
     }

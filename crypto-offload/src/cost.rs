@@ -46,10 +46,19 @@ pub struct Cost {
     /// queues); unbounded when the backend does not say.
     #[serde(default = "unbounded")]
     pub queue_depth: u32,
+    /// The engine carries a request in operations of at most this many
+    /// bytes, each paying the fixed costs (an AF_ALG engine's largest
+    /// operation); unbounded when the backend does not split.
+    #[serde(default = "unsplit")]
+    pub operation_len: u64,
 }
 
 fn unbounded() -> u32 {
     u32::MAX
+}
+
+fn unsplit() -> u64 {
+    u64::MAX
 }
 
 impl Cost {
@@ -68,7 +77,20 @@ impl Cost {
             cpu_per_byte_ns,
             parallelism: parallelism.max(1),
             queue_depth: u32::MAX,
+            operation_len: u64::MAX,
         }
+    }
+
+    /// The same cost for an engine that carries requests in operations of
+    /// at most `len` bytes.
+    pub fn with_operation_len(mut self, len: Option<usize>) -> Self {
+        self.operation_len = len.map_or(u64::MAX, |l| (l as u64).max(1));
+        self
+    }
+
+    /// How many operations carry a `len`-byte request (at least one).
+    fn operations(&self, len: usize) -> f64 {
+        (len as u64).div_ceil(self.operation_len).max(1) as f64
     }
 
     /// The same cost with the engine's queue depth.
@@ -79,12 +101,12 @@ impl Cost {
 
     /// The service latency of a `len`-byte request, in ns.
     pub fn latency_ns(&self, len: usize) -> f64 {
-        self.fixed_ns + self.per_byte_ns * len as f64
+        self.fixed_ns * self.operations(len) + self.per_byte_ns * len as f64
     }
 
     /// The submitting CPU's time for a `len`-byte request, in ns.
     pub fn cpu_ns(&self, len: usize) -> f64 {
-        self.cpu_fixed_ns + self.cpu_per_byte_ns * len as f64
+        self.cpu_fixed_ns * self.operations(len) + self.cpu_per_byte_ns * len as f64
     }
 
     /// Throughput of one stream of `len`-byte requests, bytes per second.
@@ -176,6 +198,7 @@ pub(crate) struct Entry {
     cpu_per_byte: AtomicF64,
     parallelism: AtomicU64,
     queue_depth: AtomicU64,
+    operation_len: AtomicU64,
     /// Observed latency over predicted, smoothed; multiplies the latency.
     correction: AtomicF64,
     samples: AtomicU64,
@@ -199,6 +222,7 @@ impl Entry {
                 .max(1),
             queue_depth: u32::try_from(self.queue_depth.load(Ordering::Relaxed))
                 .unwrap_or(u32::MAX),
+            operation_len: self.operation_len.load(Ordering::Relaxed).max(1),
         })
     }
 
@@ -211,6 +235,8 @@ impl Entry {
             .store(u64::from(c.parallelism.max(1)), Ordering::Relaxed);
         self.queue_depth
             .store(u64::from(c.queue_depth.max(1)), Ordering::Relaxed);
+        self.operation_len
+            .store(c.operation_len.max(1), Ordering::Relaxed);
         self.correction.set(1.0);
         self.calibrated.store(true, Ordering::Release);
     }
@@ -317,6 +343,21 @@ pub(crate) fn ns(d: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_split_request_pays_the_fixed_cost_per_operation() {
+        let c = Cost::new(100.0, 1.0, 10.0, 0.5, 1).with_operation_len(Some(1000));
+        assert_eq!(c.latency_ns(1000), 1100.0);
+        assert_eq!(c.latency_ns(2500), 3.0 * 100.0 + 2500.0);
+        assert_eq!(c.cpu_ns(2500), 3.0 * 10.0 + 1250.0);
+        assert_eq!(c.latency_ns(0), 100.0);
+        let whole = Cost::new(100.0, 1.0, 10.0, 0.5, 1);
+        assert_eq!(whole.latency_ns(2500), 2600.0);
+        // A saved profile without the field reads as unsplit.
+        let toml = "fixed_ns = 1.0\nper_byte_ns = 0.0\ncpu_fixed_ns = 0.0\ncpu_per_byte_ns = 0.0\nparallelism = 1\n";
+        let read: Cost = toml::from_str(toml).unwrap();
+        assert_eq!(read.operation_len, u64::MAX);
+    }
 
     #[test]
     fn key_and_unkey_are_inverse_over_the_whole_table() {

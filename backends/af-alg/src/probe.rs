@@ -29,7 +29,11 @@ pub fn probe() -> Result<(), Error> {
 /// A one-line reason for `probe`'s failure, naming the sysctl when it is
 /// what restricts AF_ALG.
 pub fn unavailable_reason(error: &Error) -> String {
-    match (restrict_level(), error.raw_os_error()) {
+    reason(restrict_level(), error)
+}
+
+fn reason(restrict: Option<u8>, error: &Error) -> String {
+    match (restrict, error.raw_os_error()) {
         (Some(2), _) => format!("{RESTRICT_SYSCTL} = 2 (AF_ALG off): {error}"),
         (Some(1), _) => format!("{RESTRICT_SYSCTL} = 1 (allowlist only): {error}"),
         (_, Some(e)) if e == nix::errno::Errno::EAFNOSUPPORT as i32 => {
@@ -50,4 +54,20 @@ pub fn operation_limit() -> usize {
         .and_then(|s| s.trim().parse::<usize>().ok())
         .unwrap_or(212_992);
     ((2 * wmem_max.min(crate::socket::SEND_BUFFER)) & !4095).max(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::errno::Errno;
+
+    #[test]
+    fn reasons_name_the_restriction_or_the_missing_family() {
+        let off = Error::sys("socket", "sockets", Errno::EAFNOSUPPORT);
+        assert!(reason(None, &off).contains("no AF_ALG"));
+        assert!(reason(Some(2), &off).contains("af_alg_restrict = 2"));
+        let listed = Error::sys("bind", "cbc(aes)", Errno::ENOENT);
+        assert!(reason(Some(1), &listed).contains("allowlist"));
+        assert!(reason(None, &listed).contains("cbc(aes)"));
+    }
 }
