@@ -61,7 +61,9 @@ impl AfAlgBackend {
         }
         Ok(families
             .into_iter()
-            .map(|(family, regs)| AfAlgBackend::from_registered(&format!("af-alg:{family}"), &regs))
+            .map(|(family, regs)| {
+                AfAlgBackend::from_registered(&format!("af-alg:{family}"), &regs).bindable_only()
+            })
             .filter(|b| !b.drivers.is_empty())
             .collect())
     }
@@ -79,7 +81,7 @@ impl AfAlgBackend {
             .into_iter()
             .filter(|r| drivers.contains(&r.driver.as_str()) && r.af_alg_type().is_some())
             .collect();
-        let b = AfAlgBackend::from_registered(name, &regs);
+        let b = AfAlgBackend::from_registered(name, &regs).bindable_only();
         if b.drivers.is_empty() {
             return Err(Unavailable(format!(
                 "none of {drivers:?} runs an algorithm this crate offers"
@@ -104,10 +106,13 @@ impl AfAlgBackend {
             .filter(|r| best.iter().any(|(_, _, d)| *d == r.driver))
             .map(|r| r.module.as_str())
             .collect();
+        // Only a control this process may switch makes a power domain (a
+        // non-root process still uses the engine, unmanaged).
         let pm = modules
             .into_iter()
             .filter_map(af::RuntimePm::for_module)
-            .reduce(af::RuntimePm::merge);
+            .reduce(af::RuntimePm::merge)
+            .filter(af::RuntimePm::writable);
         AfAlgBackend {
             name: name.to_owned(),
             devices: pm
@@ -124,6 +129,15 @@ impl AfAlgBackend {
     /// switches (none where sysfs exposes no control).
     pub fn power_devices(&self) -> &[std::path::PathBuf] {
         &self.devices
+    }
+
+    /// Keeps the algorithms whose driver really binds with a key of that
+    /// size: `/proc/crypto` lists no key sizes for AEADs, and engines often
+    /// refuse 192-bit keys within a listed range — which a session would
+    /// otherwise learn at open, with the engine's breaker opened for it.
+    fn bindable_only(mut self) -> AfAlgBackend {
+        self.drivers.retain(|(alg, driver)| bindable(*alg, driver));
+        self
     }
 
     /// The driver bound for `alg`, if this backend runs it.
@@ -164,20 +178,34 @@ pub const AUTOSUSPEND_DELAY: Duration = Duration::from_secs(1);
 /// request still in the kernel when its session drops keeps the device up.
 struct SysfsPower(af::RuntimePm);
 
-#[async_trait]
-impl PowerControl for SysfsPower {
-    async fn power_on(&self) -> Result<(), BackendError> {
-        self.0.set_active(true).map_err(|source| BackendError::Io {
+impl SysfsPower {
+    /// Writes the control off the async workers (writing `on` runs the
+    /// device's resume before it returns).
+    async fn set(&self, on: bool) -> Result<(), BackendError> {
+        let pm = self.0.clone();
+        let write = move || pm.set_active(on);
+        let r = match tokio::runtime::Handle::try_current() {
+            Ok(h) => h
+                .spawn_blocking(write)
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e))),
+            Err(_) => write(),
+        };
+        r.map_err(|source| BackendError::Io {
             op: "write power/control",
             source,
         })
     }
+}
+
+#[async_trait]
+impl PowerControl for SysfsPower {
+    async fn power_on(&self) -> Result<(), BackendError> {
+        self.set(true).await
+    }
 
     async fn power_off(&self) -> Result<(), BackendError> {
-        self.0.set_active(false).map_err(|source| BackendError::Io {
-            op: "write power/control",
-            source,
-        })
+        self.set(false).await
     }
 }
 
@@ -224,6 +252,23 @@ fn algorithms_of(r: &af::proc_crypto::Registered) -> Vec<Algorithm> {
         out.extend(crc.map(Algorithm::Crc));
     }
     out
+}
+
+/// Whether `driver` binds for `alg` with a key of its size.
+fn bindable(alg: Algorithm, driver: &str) -> bool {
+    // Distinct XTS halves: byte i and i + 32 differ.
+    let key = |len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(97).wrapping_add(13))
+            .collect()
+    };
+    match alg {
+        Algorithm::Cipher(c) => {
+            af::Skcipher::bind(mode_of(c), Some(driver), &key(c.key_len())).is_ok()
+        }
+        Algorithm::Aead(a) => af::Aead::bind(Some(driver), &key(a.key_len())).is_ok(),
+        Algorithm::Crc(c) => crc_kind(c).is_some_and(|k| af::Crc::bind(k, Some(driver)).is_ok()),
+    }
 }
 
 fn mode_of(alg: CipherAlg) -> af::Mode {

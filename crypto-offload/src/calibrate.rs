@@ -330,6 +330,9 @@ async fn calibrate_engine(
         let left = BUDGET.saturating_sub(started.elapsed());
         if left.is_zero() {
             if let Some(c) = last {
+                // The closest entry's costs, with this algorithm's own
+                // operation size.
+                let c = c.with_operation_len(backend.operation_len(alg));
                 inner.set_cost(slot, alg, dir, c);
             }
             continue;

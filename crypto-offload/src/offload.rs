@@ -490,7 +490,15 @@ impl OffloadBuilder {
                 ) else {
                     continue;
                 };
-                inner.set_cost(slot, alg, e.dir, e.cost);
+                // The backend says how it splits requests today (a profile
+                // saved before it did reads as unsplit).
+                let cost = match slot {
+                    0 => e.cost,
+                    _ => e
+                        .cost
+                        .with_operation_len(inner.backends[slot - 1].operation_len(alg)),
+                };
+                inner.set_cost(slot, alg, e.dir, cost);
                 inner.models[slot].resume_ns.set(e.resume_ns);
             }
         }

@@ -8,6 +8,7 @@ use zeroize::Zeroize;
 
 use crate::blocking::{self, RequestTimeout, Shared};
 use crate::error::{Error, Failed};
+use crate::skcipher::into_fresh;
 use crate::socket::{Control, Op, Transform};
 
 /// The tag length this binding asks for.
@@ -135,28 +136,34 @@ fn assoc_len(aad: &[u8]) -> Result<u32, Error> {
     })
 }
 
-fn seal(op: &Op, nonce: &[u8; 12], aad: &[u8], data: &mut [u8]) -> Result<[u8; TAG_LEN], Error> {
-    check_fits(op, aad.len() + data.len())?;
-    op.send(
-        Control {
-            encrypt: Some(true),
-            iv: Some(nonce),
-            assoc_len: Some(assoc_len(aad)?),
-        },
-        &[IoSlice::new(aad), IoSlice::new(data)],
-    )?;
-    // The result is the associated data again, the ciphertext, the tag.
-    let mut aad_out = vec![0u8; aad.len()];
+fn seal(op: &Op, nonce: &[u8; 12], aad: &[u8], data: &mut Vec<u8>) -> Result<[u8; TAG_LEN], Error> {
+    // The result of the AAD, the ciphertext and the tag must fit one read.
+    check_fits(op, aad.len() + data.len() + TAG_LEN)?;
     let mut tag = [0u8; TAG_LEN];
-    let want = aad.len() + data.len() + TAG_LEN;
-    let got = op.recv(&mut [
-        IoSliceMut::new(&mut aad_out),
-        IoSliceMut::new(data),
-        IoSliceMut::new(&mut tag),
-    ])?;
-    if got != want {
-        return Err(short_read(got, want));
-    }
+    // The ciphertext goes to a fresh buffer: a seal that fails part-way
+    // hands the caller's plaintext back unchanged.
+    into_fresh(data, |input, output| {
+        op.send(
+            Control {
+                encrypt: Some(true),
+                iv: Some(nonce),
+                assoc_len: Some(assoc_len(aad)?),
+            },
+            &[IoSlice::new(aad), IoSlice::new(input)],
+        )?;
+        // The result is the associated data again, the ciphertext, the tag.
+        let mut aad_out = vec![0u8; aad.len()];
+        let want = aad.len() + input.len() + TAG_LEN;
+        let got = op.recv(&mut [
+            IoSliceMut::new(&mut aad_out),
+            IoSliceMut::new(output),
+            IoSliceMut::new(&mut tag),
+        ])?;
+        if got != want {
+            return Err(short_read(got, want));
+        }
+        Ok(())
+    })?;
     Ok(tag)
 }
 
@@ -164,33 +171,44 @@ fn open(
     op: &Op,
     nonce: &[u8; 12],
     aad: &[u8],
-    data: &mut [u8],
+    data: &mut Vec<u8>,
     tag: &[u8; TAG_LEN],
 ) -> Result<(), Error> {
     check_fits(op, aad.len() + data.len() + TAG_LEN)?;
-    op.send(
-        Control {
-            encrypt: Some(false),
-            iv: Some(nonce),
-            assoc_len: Some(assoc_len(aad)?),
-        },
-        &[IoSlice::new(aad), IoSlice::new(data), IoSlice::new(tag)],
-    )?;
-    let mut aad_out = vec![0u8; aad.len()];
-    let want = aad.len() + data.len();
-    let r = op.recv(&mut [IoSliceMut::new(&mut aad_out), IoSliceMut::new(data)]);
-    match r {
-        Ok(got) if got == want => Ok(()),
-        other => {
-            // The kernel may have written plaintext before it checked the
-            // tag: none of it leaves.
-            data.zeroize();
-            Err(match other {
-                Ok(got) => short_read(got, want),
-                Err(e) => e,
-            })
+    // The plaintext goes to a fresh buffer (wiped unless all is well): the
+    // kernel writes it before it checks the tag.
+    let r = into_fresh(data, |input, output| {
+        op.send(
+            Control {
+                encrypt: Some(false),
+                iv: Some(nonce),
+                assoc_len: Some(assoc_len(aad)?),
+            },
+            &[IoSlice::new(aad), IoSlice::new(input), IoSlice::new(tag)],
+        )?;
+        let mut aad_out = vec![0u8; aad.len()];
+        let want = aad.len() + input.len();
+        // With nothing to read back (no AAD, no ciphertext), a read of zero
+        // bytes would return without the kernel running the operation — or
+        // checking the tag — and leave the tag queued on the socket. A
+        // spare block makes it run; nothing is written there.
+        let mut spare = [0u8; 16];
+        let spare_len = if want == 0 { spare.len() } else { 0 };
+        let got = op.recv(&mut [
+            IoSliceMut::new(&mut aad_out),
+            IoSliceMut::new(output),
+            IoSliceMut::new(&mut spare[..spare_len]),
+        ])?;
+        if got != want {
+            return Err(short_read(got, want));
         }
+        Ok(())
+    });
+    if matches!(r, Err(Error::Authentication)) {
+        // The contract for a tag that does not verify: a zeroed buffer.
+        data.as_mut_slice().zeroize();
     }
+    r
 }
 
 fn short_read(got: usize, want: usize) -> Error {

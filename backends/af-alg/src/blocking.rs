@@ -17,9 +17,12 @@
 //! engine does, would avoid the thread hand-off; it is not measured yet.)
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
+
+use zeroize::Zeroize;
 
 use crate::error::{Error, Failed};
 use crate::socket::{Op, Transform};
@@ -44,8 +47,108 @@ pub struct RequestTimeout {
 }
 
 impl RequestTimeout {
+    /// The time a `len`-byte request may take (saturating: `Duration::MAX`
+    /// means no limit).
     fn for_len(self, len: usize) -> Duration {
-        self.fixed + self.per_mib.mul_f64(len as f64 / f64::from(1u32 << 20))
+        let mib = len as f64 / f64::from(1u32 << 20);
+        let more =
+            Duration::try_from_secs_f64(self.per_mib.as_secs_f64() * mib).unwrap_or(Duration::MAX);
+        self.fixed.saturating_add(more)
+    }
+}
+
+/// The timer behind request timeouts: one thread for the process, holding
+/// the deadlines in a heap and firing each one's channel when it passes
+/// (a request that finished first has dropped the other end). Its own, so
+/// that timeouts work under any executor — a tokio runtime built without
+/// its timer would make `tokio::time::timeout` panic.
+struct Watchdog {
+    heap: Mutex<std::collections::BinaryHeap<Deadline>>,
+    wake: Condvar,
+}
+
+struct Deadline {
+    at: std::time::Instant,
+    fire: tokio::sync::oneshot::Sender<()>,
+}
+
+impl PartialEq for Deadline {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+impl Eq for Deadline {}
+impl PartialOrd for Deadline {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Deadline {
+    /// Reversed: the heap's top is the earliest deadline.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.at.cmp(&self.at)
+    }
+}
+
+impl Watchdog {
+    /// The process's watchdog, started on first use; `None` if no thread
+    /// could be started (requests then have no timeout).
+    fn get() -> Option<&'static Watchdog> {
+        static DOG: OnceLock<Option<&'static Watchdog>> = OnceLock::new();
+        *DOG.get_or_init(|| {
+            let dog: &'static Watchdog = Box::leak(Box::new(Watchdog {
+                heap: Mutex::new(std::collections::BinaryHeap::new()),
+                wake: Condvar::new(),
+            }));
+            std::thread::Builder::new()
+                .name("af-alg-watchdog".into())
+                .spawn(move || dog.run())
+                .ok()
+                .map(|_| dog)
+        })
+    }
+
+    /// A channel that fires `after` from now (or never, for a deadline past
+    /// the clock's range).
+    fn arm(&self, after: Duration) -> tokio::sync::oneshot::Receiver<()> {
+        let (fire, fired) = tokio::sync::oneshot::channel();
+        if let Some(at) = std::time::Instant::now().checked_add(after) {
+            let mut heap = self.heap.lock().unwrap_or_else(|p| p.into_inner());
+            let earliest = heap.peek().is_none_or(|d| at < d.at);
+            heap.push(Deadline { at, fire });
+            drop(heap);
+            if earliest {
+                self.wake.notify_one();
+            }
+        } else {
+            // Never fires: keep the sender alive for the process.
+            std::mem::forget(fire);
+        }
+        fired
+    }
+
+    fn run(&self) {
+        let mut heap = self.heap.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let now = std::time::Instant::now();
+            while heap
+                .peek()
+                .is_some_and(|d| d.at <= now || d.fire.is_closed())
+            {
+                if let Some(d) = heap.pop() {
+                    let _ = d.fire.send(());
+                }
+            }
+            heap = match heap.peek().map(|d| d.at) {
+                None => self.wake.wait(heap).unwrap_or_else(|p| p.into_inner()),
+                Some(at) => {
+                    self.wake
+                        .wait_timeout(heap, at.saturating_duration_since(now))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
     }
 }
 
@@ -157,9 +260,9 @@ impl Pool {
 
 /// Runs `job` on `buf` on a request thread. The buffer always comes back —
 /// with the job's error if it failed, even if it panicked — except after a
-/// timeout (`timeout` set and a tokio runtime with a timer running), when a
-/// copy of the input taken before the job comes back with
-/// [`Error::Timeout`] and the original stays with the kernel.
+/// timeout, when a copy of the input taken before the job comes back with
+/// [`Error::Timeout`] and the original stays with the kernel. Works under
+/// any executor.
 ///
 /// # Cancel safety
 /// Dropping the returned future does not stop the job: it runs to the end
@@ -171,9 +274,11 @@ pub(crate) async fn run<T: Send + 'static>(
     timeout: Option<RequestTimeout>,
     job: impl FnOnce(&mut Vec<u8>) -> Result<T, Error> + Send + 'static,
 ) -> Result<(Vec<u8>, T), Failed> {
-    let timer = tokio::runtime::Handle::try_current().is_ok();
-    let guard = match timeout {
-        Some(t) if timer => Some((buf.clone(), t.for_len(buf.len()))),
+    let guard = match (timeout, Watchdog::get()) {
+        (Some(t), Some(dog)) => {
+            let limit = t.for_len(buf.len());
+            Some((buf.clone(), limit, dog.arm(limit)))
+        }
         _ => None,
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -188,15 +293,33 @@ pub(crate) async fn run<T: Send + 'static>(
     }
     let done = match guard {
         None => rx.await.ok(),
-        Some((copy, limit)) => match tokio::time::timeout(limit, rx).await {
-            Ok(done) => done.ok(),
-            Err(_) => {
-                return Err(Failed {
-                    error: Error::Timeout(limit),
-                    buf: copy,
-                });
+        Some((mut copy, limit, mut fired)) => {
+            let mut rx = rx;
+            let first = std::future::poll_fn(|cx| {
+                use std::task::Poll;
+                if let Poll::Ready(done) = std::pin::Pin::new(&mut rx).poll(cx) {
+                    return Poll::Ready(Some(done.ok()));
+                }
+                match std::pin::Pin::new(&mut fired).poll(cx) {
+                    Poll::Ready(_) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            match first {
+                Some(done) => {
+                    // The copy may be plaintext.
+                    copy.zeroize();
+                    done
+                }
+                None => {
+                    return Err(Failed {
+                        error: Error::Timeout(limit),
+                        buf: copy,
+                    });
+                }
             }
-        },
+        }
     };
     match done {
         Some((buf, Ok(t))) => Ok((buf, t)),
@@ -226,15 +349,29 @@ mod tests {
             fixed: Duration::from_millis(50),
             per_mib: Duration::ZERO,
         };
-        let f = rt()
-            .block_on(run(vec![7u8; 100], Some(timeout), |b| {
-                b.fill(0); // the "kernel" has started writing...
-                std::thread::sleep(Duration::from_millis(400)); // ...and hangs
-                Ok(())
-            }))
-            .unwrap_err();
+        // No tokio runtime, no timer: the watchdog is the crate's own.
+        let f = futures::executor::block_on(run(vec![7u8; 100], Some(timeout), |b| {
+            b.fill(0); // the "kernel" has started writing...
+            std::thread::sleep(Duration::from_millis(400)); // ...and hangs
+            Ok(())
+        }))
+        .unwrap_err();
         assert!(matches!(f.error, Error::Timeout(_)), "{f:?}");
         assert_eq!(f.buf, vec![7u8; 100]);
+        // A request that finishes in time is not disturbed by its deadline.
+        let (buf, ()) = rt()
+            .block_on(run(vec![1u8; 10], Some(timeout), |b| {
+                b[0] = 2;
+                Ok(())
+            }))
+            .unwrap();
+        assert_eq!(buf[0], 2);
+        // Saturating: "no limit" does not overflow.
+        let forever = RequestTimeout {
+            fixed: Duration::MAX,
+            per_mib: Duration::MAX,
+        };
+        assert_eq!(forever.for_len(usize::MAX), Duration::MAX);
     }
 
     #[test]

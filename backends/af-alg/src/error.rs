@@ -111,8 +111,9 @@ impl Error {
 }
 
 /// A request that failed, with the caller's buffer handed back: unchanged,
-/// except after a failed AEAD open, where it is zeroed.
-#[derive(Debug, thiserror::Error)]
+/// except after a failed AEAD open, where it is zeroed. Its `Debug` shows
+/// the buffer's length only (the bytes may be plaintext).
+#[derive(thiserror::Error)]
 #[error("{error}")]
 pub struct Failed {
     /// What went wrong.
@@ -120,6 +121,15 @@ pub struct Failed {
     pub error: Error,
     /// The caller's buffer.
     pub buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Failed")
+            .field("error", &self.error)
+            .field("buf_len", &self.buf.len())
+            .finish()
+    }
 }
 
 #[cfg(test)]
@@ -143,6 +153,15 @@ mod tests {
         assert_eq!(
             Error::sys("sendmsg", "x", Errno::EIO).raw_os_error(),
             Some(Errno::EIO as i32)
+        );
+        let f = Failed {
+            error: Error::Worker,
+            buf: b"secret plaintext".to_vec(),
+        };
+        let shown = format!("{f:?}");
+        assert!(
+            shown.contains("buf_len: 16") && !shown.contains("115"),
+            "{shown}"
         );
     }
 }

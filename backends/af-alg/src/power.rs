@@ -69,6 +69,17 @@ impl RuntimePm {
         &self.devices
     }
 
+    /// Whether this process may switch every device's control (opening it
+    /// for writing; nothing is written). Only root may, usually.
+    pub fn writable(&self) -> bool {
+        self.devices.iter().all(|d| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(d.join("power/control"))
+                .is_ok()
+        })
+    }
+
     /// Lets the devices suspend when idle (`auto`) or keeps them up (`on`).
     ///
     /// # Errors

@@ -44,16 +44,25 @@ fn reason(restrict: Option<u8>, error: &Error) -> String {
 }
 
 /// The most data one AF_ALG operation carries here: the operation socket's
-/// send buffer, which this binding asks to be 1 MiB and the kernel caps at
-/// twice `net.core.wmem_max`, in whole pages. CBC, CTR and ECB requests
-/// beyond it are split; an XTS unit or a GCM message (with its associated
-/// data and tag) beyond it is [`Error::TooLarge`].
+/// send and receive buffers, which this binding asks to be 1 MiB and the
+/// kernel caps at twice `net.core.wmem_max` / `rmem_max`, in whole pages
+/// (see the socket module). CBC, CTR and ECB requests beyond it are split;
+/// an XTS unit or a GCM message (with its associated data and tag) beyond
+/// it is [`Error::TooLarge`]. An engine's own limit (the engine table) may
+/// be lower.
 pub fn operation_limit() -> usize {
-    let wmem_max = std::fs::read_to_string("/proc/sys/net/core/wmem_max")
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok())
-        .unwrap_or(212_992);
-    ((2 * wmem_max.min(crate::socket::SEND_BUFFER)) & !4095).max(4096)
+    let sysctl = |name: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(212_992)
+    };
+    let granted = |max: usize| 2 * max.min(crate::socket::SOCKET_BUFFER);
+    crate::socket::operation_limit(
+        granted(sysctl("wmem_max")),
+        granted(sysctl("rmem_max")),
+        crate::socket::page_size(),
+    )
 }
 
 #[cfg(test)]

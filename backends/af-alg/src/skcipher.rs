@@ -4,6 +4,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::sync::Arc;
 
 use tracing::Instrument;
+use zeroize::Zeroize;
 
 use crate::blocking::{self, RequestTimeout, Shared};
 use crate::error::{Error, Failed};
@@ -193,12 +194,15 @@ impl Skcipher {
         );
         blocking::run(buf, self.timeout, move |data| {
             shared.with_op(|op| {
-                let first = u128::from_le_bytes(tweak);
-                for (i, unit) in data.chunks_mut(unit_len).enumerate() {
-                    let t = first.wrapping_add(i as u128).to_le_bytes();
-                    crypt(op, Mode::Xts, encrypt, t, unit)?;
-                }
-                Ok(())
+                into_fresh(data, |input, output| {
+                    let first = u128::from_le_bytes(tweak);
+                    let units = input.chunks(unit_len).zip(output.chunks_mut(unit_len));
+                    for (i, (unit, out)) in units.enumerate() {
+                        let t = first.wrapping_add(i as u128).to_le_bytes();
+                        crypt(op, Mode::Xts, encrypt, t, unit, out)?;
+                    }
+                    Ok(())
+                })
             })
         })
         .instrument(span)
@@ -216,8 +220,15 @@ impl Skcipher {
         if data.is_empty() {
             return Ok(());
         }
-        self.shared
-            .with_op(|op| crypt(op, self.mode, encrypt, iv, data))
+        self.shared.with_op(|op| {
+            let mut out = vec![0u8; data.len()];
+            let r = crypt(op, self.mode, encrypt, iv, data, &mut out);
+            if r.is_ok() {
+                data.copy_from_slice(&out);
+            }
+            out.zeroize();
+            r
+        })
     }
 
     async fn crypt(&self, encrypt: bool, iv: &[u8], buf: Vec<u8>) -> Result<Vec<u8>, Failed> {
@@ -236,7 +247,7 @@ impl Skcipher {
             len = buf.len()
         );
         blocking::run(buf, self.timeout, move |data| {
-            shared.with_op(|op| crypt(op, mode, encrypt, iv, data))
+            shared.with_op(|op| into_fresh(data, |i, o| crypt(op, mode, encrypt, iv, i, o)))
         })
         .instrument(span)
         .await
@@ -263,27 +274,30 @@ impl Skcipher {
 }
 
 /// One request, split into operations of at most the socket's limit where
-/// the mode allows (the IV chained in userspace), in place.
+/// the mode allows (the IV chained in userspace), from `input` into
+/// `output` (the same length). The kernel writes its result in place of
+/// the read buffer as it goes, so a request that fails part-way must not
+/// read into the caller's buffer: that has to come back unchanged, to be
+/// replayed elsewhere.
 fn crypt(
     op: &Op,
     mode: Mode,
     encrypt: bool,
     mut iv: [u8; 16],
-    data: &mut [u8],
+    input: &[u8],
+    output: &mut [u8],
 ) -> Result<(), Error> {
     let limit = op.limit() / 16 * 16;
-    if mode == Mode::Xts && data.len() > limit {
+    if mode == Mode::Xts && input.len() > limit {
         // One tweak per operation: an XTS unit cannot be split.
         return Err(Error::TooLarge {
-            len: data.len(),
+            len: input.len(),
             max: limit,
         });
     }
     let has_iv = mode.iv_len() > 0;
-    for piece in data.chunks_mut(limit.max(16)) {
-        // CBC decryption chains on the last ciphertext block of the input,
-        // which the operation overwrites.
-        let last_in = last_block(piece);
+    let step = limit.max(16);
+    for (piece, out) in input.chunks(step).zip(output.chunks_mut(step)) {
         op.send(
             Control {
                 encrypt: Some(encrypt),
@@ -292,7 +306,7 @@ fn crypt(
             },
             &[IoSlice::new(piece)],
         )?;
-        let got = op.recv(&mut [IoSliceMut::new(piece)])?;
+        let got = op.recv(&mut [IoSliceMut::new(out)])?;
         if got != piece.len() {
             return Err(Error::Io {
                 op: "read",
@@ -300,13 +314,34 @@ fn crypt(
             });
         }
         iv = match (mode, encrypt) {
-            (Mode::Cbc, true) => last_block(piece),
-            (Mode::Cbc, false) => last_in,
+            (Mode::Cbc, true) => last_block(out),
+            (Mode::Cbc, false) => last_block(piece),
             (Mode::Ctr, _) => add_blocks(iv, piece.len() / 16),
             _ => iv,
         };
     }
     Ok(())
+}
+
+/// Runs `f` from `data` into a fresh buffer and, only if it succeeds, puts
+/// the result in `data` (the input, plaintext on one side or the other, is
+/// wiped). On failure `data` is unchanged and the partial result wiped.
+pub(crate) fn into_fresh(
+    data: &mut Vec<u8>,
+    f: impl FnOnce(&[u8], &mut [u8]) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let mut out = vec![0u8; data.len()];
+    match f(data, &mut out) {
+        Ok(()) => {
+            std::mem::swap(data, &mut out);
+            out.zeroize();
+            Ok(())
+        }
+        Err(e) => {
+            out.zeroize();
+            Err(e)
+        }
+    }
 }
 
 fn last_block(data: &[u8]) -> [u8; 16] {

@@ -20,10 +20,33 @@ use crate::error::Error;
 const TYPE_MAX: usize = 14;
 const NAME_MAX: usize = 64;
 
-/// The send buffer asked for on each operation socket. The kernel caps it at
-/// twice `net.core.wmem_max` (416 KiB by default); one operation takes at
-/// most what the buffer holds.
-pub(crate) const SEND_BUFFER: usize = 1 << 20;
+/// The send and receive buffers asked for on each operation socket. The
+/// kernel caps them at twice `net.core.wmem_max` / `rmem_max` (416 KiB by
+/// default); one operation takes at most what they hold.
+pub(crate) const SOCKET_BUFFER: usize = 1 << 20;
+
+/// What one operation may carry with these socket buffers: what
+/// `af_alg_sendmsg` queues without waiting for a reader (the send buffer in
+/// whole pages), and what one `read` maps of the result before
+/// `af_alg_readable()` stops it (the receive buffer in whole pages, less a
+/// page) — an AEAD result beyond that comes back short. Never below a page.
+pub(crate) fn operation_limit(send: usize, receive: usize, page: usize) -> usize {
+    let page = page.max(1);
+    let whole = |b: usize| b / page * page;
+    whole(send)
+        .min(whole(receive).saturating_sub(page))
+        .max(page)
+}
+
+/// The kernel's page size (4 KiB on x86-64; 16 or 64 KiB on some arm64).
+pub(crate) fn page_size() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| usize::try_from(p).ok())
+        .filter(|&p| p > 0)
+        .unwrap_or(4096)
+}
 
 /// A transform socket: the algorithm and its key, for the session's life.
 /// (A kernel driver does its runtime-PM get when this is created and its put
@@ -59,10 +82,12 @@ impl Transform {
         .map_err(|e| Error::sys("socket", "sockets", e))?;
         bind(fd.as_raw_fd(), &AlgAddr::new(kind, name)).map_err(|e| Error::sys("bind", name, e))?;
         let driver = bound_driver(kind, name);
-        let max_operation = driver
-            .as_deref()
-            .and_then(|d| crate::engine::classify(d).max_request)
-            .unwrap_or(usize::MAX);
+        let max_operation = match driver.as_deref() {
+            Some(d) => crate::engine::classify(d).max_request.unwrap_or(usize::MAX),
+            // An engine we cannot name may have a limit we cannot look up:
+            // stay within the smallest one the table knows.
+            None => UNKNOWN_DRIVER_OPERATION,
+        };
         Ok(Transform {
             fd,
             name: name.to_owned(),
@@ -104,11 +129,11 @@ impl Transform {
         // nothing else owns; the `OwnedFd` takes sole ownership and closes it.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // A smaller buffer is no error: the limit below follows what we got.
-        let _ = setsockopt(&fd, sockopt::SndBuf, &SEND_BUFFER);
-        let granted = getsockopt(&fd, sockopt::SndBuf).unwrap_or(4096);
-        // What one operation may queue: `af_alg_sndbuf()` rounds the buffer
-        // down to whole pages (and never below one page).
-        let limit = (granted & !4095).max(4096).min(self.max_operation);
+        let _ = setsockopt(&fd, sockopt::SndBuf, &SOCKET_BUFFER);
+        let _ = setsockopt(&fd, sockopt::RcvBuf, &SOCKET_BUFFER);
+        let send = getsockopt(&fd, sockopt::SndBuf).unwrap_or(0);
+        let receive = getsockopt(&fd, sockopt::RcvBuf).unwrap_or(0);
+        let limit = operation_limit(send, receive, page_size()).min(self.max_operation);
         Ok(Op { fd, limit })
     }
 }
@@ -176,7 +201,12 @@ impl Op {
     }
 }
 
-/// Which driver binding `name` as `kind` reaches, by `/proc/crypto`.
+/// The most one operation carries when `/proc/crypto` cannot say which
+/// driver was bound.
+const UNKNOWN_DRIVER_OPERATION: usize = 64 * 1024;
+
+/// Which driver binding `name` as `kind` reaches, by `/proc/crypto`: the
+/// highest priority, the first listed on a tie (as the kernel's lookup).
 fn bound_driver(kind: &str, name: &str) -> Option<String> {
     let table = crate::proc_crypto::read().ok()?;
     if table.iter().any(|r| r.driver == name) {
@@ -185,7 +215,13 @@ fn bound_driver(kind: &str, name: &str) -> Option<String> {
     table
         .into_iter()
         .filter(|r| r.name == name && r.af_alg_type() == Some(kind))
-        .max_by_key(|r| r.priority)
+        .fold(
+            None,
+            |best: Option<crate::proc_crypto::Registered>, r| match best {
+                Some(b) if b.priority >= r.priority => Some(b),
+                _ => Some(r),
+            },
+        )
         .map(|r| r.driver)
 }
 
@@ -194,5 +230,22 @@ fn libc_op(encrypt: bool) -> nix::libc::c_int {
         nix::libc::ALG_OP_ENCRYPT
     } else {
         nix::libc::ALG_OP_DECRYPT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operation_limit_follows_both_buffers_in_pages() {
+        // Defaults: 2 × 208 KiB granted both ways, 4 KiB pages.
+        assert_eq!(operation_limit(425_984, 425_984, 4096), 425_984 - 4096);
+        // The receive window binds when it is the smaller.
+        assert_eq!(operation_limit(425_984, 212_992, 4096), 212_992 - 4096);
+        // 64 KiB pages round down, so a send never waits for a reader.
+        assert_eq!(operation_limit(425_984, 1 << 20, 65_536), 393_216);
+        // Never below a page.
+        assert_eq!(operation_limit(0, 0, 4096), 4096);
     }
 }

@@ -393,3 +393,98 @@ fn discovery_lists_the_bound_implementations() {
         assert_eq!(e.short_name, "virtio_crypto");
     }
 }
+
+#[test]
+fn xts_units_take_consecutive_tweaks_carrying_and_wrapping() {
+    if !af_alg() {
+        return;
+    }
+    let rt = rt();
+    let key = xts_key((0..64).collect());
+    let x = Skcipher::bind(Mode::Xts, None, &key).unwrap();
+    let reference = fb::Xts::new(&key).unwrap();
+    // Low 64 bits about to carry; and the top of the 128-bit range.
+    let mut carry = [0xffu8; 16];
+    carry[8..].fill(0);
+    for first in [carry, [0xff; 16], [3; 16]] {
+        let plain: Vec<u8> = (0..8 * 512).map(|i| (i % 251) as u8).collect();
+        let mut want = plain.clone();
+        reference.encrypt_units(&first, 512, &mut want).unwrap();
+        let got = rt
+            .block_on(x.crypt_units(true, &first, 512, plain.clone()))
+            .unwrap();
+        assert!(got == want, "tweak {first:02x?}");
+        let back = rt.block_on(x.crypt_units(false, &first, 512, got)).unwrap();
+        assert!(back == plain);
+    }
+    let f = rt
+        .block_on(x.crypt_units(true, &[0; 16], 300, vec![0; 1000]))
+        .unwrap_err();
+    assert!(matches!(f.error, Error::Invalid { .. }));
+    assert_eq!(f.buf.len(), 1000);
+}
+
+#[test]
+fn empty_messages_and_the_largest_one_operation_takes() {
+    if !af_alg() {
+        return;
+    }
+    let rt = rt();
+    let g = Aead::bind(None, &[4; 16]).unwrap();
+    let gcm = fb::Gcm::new(&[4; 16]).unwrap();
+    let (ct, tag) = rt.block_on(g.seal([5; 12], b"", Vec::new())).unwrap();
+    assert!(ct.is_empty());
+    assert_eq!(
+        tag,
+        gcm.seal_in_place_detached(&[5; 12], b"", &mut []).unwrap()
+    );
+    assert!(
+        rt.block_on(g.open([5; 12], b"", ct, tag))
+            .unwrap()
+            .is_empty()
+    );
+    // An empty message with a wrong tag is refused too.
+    let mut bad = tag;
+    bad[15] ^= 0x80;
+    let f = rt
+        .block_on(g.open([5; 12], b"", Vec::new(), bad))
+        .unwrap_err();
+    assert!(matches!(f.error, Error::Authentication), "{}", f.error);
+    for (kind, alg) in [
+        (CrcKind::Crc32, fb::CrcAlg::Crc32IsoHdlc),
+        (CrcKind::Crc32c, fb::CrcAlg::Crc32Iscsi),
+        (CrcKind::Crc64Nvme, fb::CrcAlg::Crc64Nvme),
+    ] {
+        let c = Crc::bind(kind, None).unwrap();
+        assert_eq!(
+            rt.block_on(c.checksum(Vec::new())).unwrap().1,
+            fb::checksum(alg, &[])
+        );
+    }
+    // GCM and one XTS unit right at the limit round-trip (the result must
+    // fit one read as well as one send).
+    let limit = crypto_offload_af_alg::operation_limit();
+    let aad = [7u8; 64];
+    let len = limit - aad.len() - 16;
+    let plain: Vec<u8> = (0..len).map(|i| i as u8).collect();
+    let mut want = plain.clone();
+    let want_tag = gcm
+        .seal_in_place_detached(&[6; 12], &aad, &mut want)
+        .unwrap();
+    let (ct, tag) = rt.block_on(g.seal([6; 12], &aad, plain.clone())).unwrap();
+    assert!(ct == want && tag == want_tag, "GCM at {len} bytes");
+    assert!(rt.block_on(g.open([6; 12], &aad, ct, tag)).unwrap() == plain);
+    let key = xts_key(vec![9; 32]);
+    let x = Skcipher::bind(Mode::Xts, None, &key).unwrap();
+    let unit = limit / 16 * 16;
+    let plain = vec![0x5a; unit];
+    let mut want = plain.clone();
+    fb::Xts::new(&key)
+        .unwrap()
+        .encrypt(&[1; 16], &mut want)
+        .unwrap();
+    assert!(
+        rt.block_on(x.encrypt(&[1; 16], plain)).unwrap() == want,
+        "XTS at {unit}"
+    );
+}
