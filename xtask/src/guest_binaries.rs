@@ -25,6 +25,9 @@ pub const OFFLOAD_PACKAGE: &str = "crypto-offload";
 pub const FALLBACK_PACKAGE: &str = "crypto-offload-fallback";
 /// The extra binary included by default: `offload` from `offload-cli`.
 pub const DEFAULT_BINARY: &str = "offload-cli:offload";
+/// The extra binaries included by default: `offload`, and the AF_ALG
+/// mechanism's overhead measurement.
+pub const DEFAULT_BINARIES: [&str; 2] = [DEFAULT_BINARY, "crypto-offload-benches:af-alg-overhead"];
 
 /// What `cargo metadata --no-deps` says about the workspace.
 #[derive(Debug, Deserialize)]

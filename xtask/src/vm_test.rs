@@ -54,8 +54,10 @@ pub struct VmTestArgs {
     /// crypto-offload-fallback].
     #[arg(long = "package", short = 'p', value_name = "P")]
     pub packages: Vec<String>,
-    /// Extra binary built --release into the guest's /bin (repeatable).
-    #[arg(long = "bin-package", value_name = "P:BIN", default_value = guest_binaries::DEFAULT_BINARY)]
+    /// Extra binary built --release into the guest's /bin (repeatable)
+    /// [default: offload-cli:offload and
+    /// crypto-offload-benches:af-alg-overhead].
+    #[arg(long = "bin-package", value_name = "P:BIN", default_values = guest_binaries::DEFAULT_BINARIES)]
     pub bin_packages: Vec<BinSpec>,
     /// Skip tests whose names contain NAME (libtest's --skip; repeatable).
     #[arg(long, value_name = "NAME")]
