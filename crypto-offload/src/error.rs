@@ -115,6 +115,9 @@ pub enum BackendError {
     #[error("the request timed out")]
     Timeout,
     /// The backend does not run this algorithm, key size or request shape.
+    /// From a request, it is replayed on the CPU without opening the
+    /// backend's circuit breaker (the engine is fine; the request is not for
+    /// it).
     #[error("not supported by this backend: {0}")]
     Unsupported(String),
     /// The tag did not verify (AEAD open): the backend returned no plaintext.

@@ -317,7 +317,11 @@ impl Inner {
     /// opens its breaker, starting the probe task if none runs.
     pub(crate) fn failed(self: &Arc<Self>, slot: usize, error: &BackendError) {
         self.stats[slot].failures.fetch_add(1, Ordering::Relaxed);
-        if slot == 0 || !self.breakers[slot].trip(error.to_string()) {
+        // `Unsupported` from a request is its shape (an AF_ALG engine's
+        // operation limit, say), not a failing device: replayed, but the
+        // engine stays in service.
+        let refused = matches!(error, BackendError::Unsupported(_));
+        if slot == 0 || refused || !self.breakers[slot].trip(error.to_string()) {
             return;
         }
         crate::calibrate::spawn_probe(self.clone(), slot);

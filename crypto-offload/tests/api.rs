@@ -550,6 +550,43 @@ async fn requests_a_backend_fails_complete_on_the_cpu_with_the_same_result() {
 }
 
 #[tokio::test]
+async fn a_request_shape_a_backend_refuses_replays_without_opening_its_breaker() {
+    // An AF_ALG engine refuses a GCM message with more associated data than
+    // one operation takes: that is the request, not a failing device.
+    let offload = Offload::builder()
+        .backend(
+            common::Engine::new("picky")
+                .failing_every(2)
+                .refusing()
+                .shared(),
+        )
+        .pin("picky")
+        .build()
+        .unwrap();
+    let cpu = Offload::discover().await.unwrap();
+    let a = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    let b = cpu.cipher(CipherAlg::Aes128Ctr, &key(16)).await.unwrap();
+    for i in 0..10u128 {
+        let pt = vec![i as u8; 100];
+        let x = a.encrypt(&i.to_le_bytes(), pt.clone()).await.unwrap();
+        assert_eq!(x, b.encrypt(&i.to_le_bytes(), pt).await.unwrap());
+    }
+    let stats = offload.backends()[1].stats;
+    assert_eq!(stats.failures, 5);
+    assert_eq!(
+        stats.breaker_opened, 0,
+        "a refused shape opened the breaker"
+    );
+    assert_eq!(
+        a.backend_for(crypto_offload::Direction::Encrypt, 100),
+        "picky"
+    );
+}
+
+#[tokio::test]
 async fn a_failed_open_on_a_backend_releases_nothing_either() {
     // The engine path: the dyn backend's authentication failure also comes
     // back as the opaque error with a zeroed buffer.

@@ -27,6 +27,33 @@ use zeroize::Zeroize;
 use crate::error::{Error, Failed};
 use crate::socket::{Op, Transform};
 
+/// The accessors every transform type has: its bound name, its driver, and
+/// `with_timeout`.
+macro_rules! bound_accessors {
+    () => {
+        /// The name it was bound with (generic or driver).
+        pub fn bound_name(&self) -> &str {
+            self.shared.tfm.name()
+        }
+
+        /// The implementation the kernel bound, as `/proc/crypto` names it
+        /// (`None` where `/proc/crypto` is unreadable).
+        pub fn driver(&self) -> Option<&str> {
+            self.shared.tfm.driver()
+        }
+
+        /// Gives requests up as hung after `timeout`: each then fails with
+        /// [`Error::Timeout`](crate::Error::Timeout) and a copy of its input,
+        /// taken before it is sent. Off by default (no copy). Works under any
+        /// executor.
+        pub fn with_timeout(mut self, timeout: crate::RequestTimeout) -> Self {
+            self.timeout = Some(timeout);
+            self
+        }
+    };
+}
+pub(crate) use bound_accessors;
+
 /// Idle operation sockets kept per transform; more are closed when done.
 const IDLE_OPS: usize = 64;
 

@@ -108,28 +108,11 @@ impl Skcipher {
         })
     }
 
+    blocking::bound_accessors!();
+
     /// The mode.
     pub fn mode(&self) -> Mode {
         self.mode
-    }
-
-    /// The name it was bound with (generic or driver).
-    pub fn bound_name(&self) -> &str {
-        self.shared.tfm.name()
-    }
-
-    /// Gives requests up as hung after `timeout` (with a tokio runtime's
-    /// timer running): each then fails with [`Error::Timeout`] and a copy of
-    /// its input, taken before it is sent. Off by default (no copy).
-    pub fn with_timeout(mut self, timeout: RequestTimeout) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// The implementation the kernel bound, as `/proc/crypto` names it
-    /// (`None` where `/proc/crypto` is unreadable).
-    pub fn driver(&self) -> Option<&str> {
-        self.shared.tfm.driver()
     }
 
     /// Encrypts `buf` in place.

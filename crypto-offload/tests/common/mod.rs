@@ -21,6 +21,8 @@ pub struct Engine {
     pub fail_every: usize,
     pub only: Option<Algorithm>,
     pub corrupt: bool,
+    /// Failures say "not this request's shape" (`Unsupported`) instead.
+    pub refuse: bool,
     pub requests: Arc<AtomicUsize>,
 }
 
@@ -31,8 +33,15 @@ impl Engine {
             fail_every: 0,
             only: None,
             corrupt: false,
+            refuse: false,
             requests: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Its failures are `Unsupported` (a request shape it does not take).
+    pub fn refusing(mut self) -> Self {
+        self.refuse = true;
+        self
     }
 
     pub fn failing_every(mut self, n: usize) -> Self {
@@ -59,6 +68,7 @@ impl Engine {
 struct Counter {
     fail_every: usize,
     corrupt: bool,
+    refuse: bool,
     requests: Arc<AtomicUsize>,
 }
 
@@ -70,6 +80,15 @@ fn spoil(corrupt: bool, mut buf: IoBuf) -> IoBuf {
 }
 
 impl Counter {
+    /// The error a failing request returns.
+    fn error(&self, otherwise: BackendError) -> BackendError {
+        if self.refuse {
+            BackendError::Unsupported("request shape".into())
+        } else {
+            otherwise
+        }
+    }
+
     fn fails(&self) -> bool {
         let n = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
         self.fail_every != 0 && n.is_multiple_of(self.fail_every)
@@ -84,7 +103,7 @@ struct Crc(Box<dyn CrcContext>, Counter);
 impl CipherContext for Cipher {
     async fn encrypt(&self, p: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
         if self.1.fails() {
-            return Err(Failed::new(BackendError::DeviceGone, buf));
+            return Err(Failed::new(self.1.error(BackendError::DeviceGone), buf));
         }
         self.0
             .encrypt(p, buf)
@@ -93,7 +112,7 @@ impl CipherContext for Cipher {
     }
     async fn decrypt(&self, p: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
         if self.1.fails() {
-            return Err(Failed::new(BackendError::DeviceGone, buf));
+            return Err(Failed::new(self.1.error(BackendError::DeviceGone), buf));
         }
         self.0
             .decrypt(p, buf)
@@ -111,7 +130,7 @@ impl AeadContext for Aead {
         buf: IoBuf,
     ) -> Result<(IoBuf, [u8; 16]), Failed> {
         if self.1.fails() {
-            return Err(Failed::new(BackendError::Timeout, buf));
+            return Err(Failed::new(self.1.error(BackendError::Timeout), buf));
         }
         let (buf, mut tag) = self.0.seal(nonce, aad, buf).await?;
         if self.1.corrupt {
@@ -127,7 +146,7 @@ impl AeadContext for Aead {
         tag: [u8; 16],
     ) -> Result<IoBuf, Failed> {
         if self.1.fails() {
-            return Err(Failed::new(BackendError::Timeout, buf));
+            return Err(Failed::new(self.1.error(BackendError::Timeout), buf));
         }
         self.0.open(nonce, aad, buf, tag).await
     }
@@ -137,7 +156,7 @@ impl AeadContext for Aead {
 impl CrcContext for Crc {
     async fn checksum(&self, buf: IoBuf) -> Result<(IoBuf, u64), Failed> {
         if self.1.fails() {
-            return Err(Failed::new(BackendError::DeviceGone, buf));
+            return Err(Failed::new(self.1.error(BackendError::DeviceGone), buf));
         }
         let (buf, crc) = self.0.checksum(buf).await?;
         Ok((buf, crc ^ u64::from(self.1.corrupt)))
@@ -182,6 +201,7 @@ impl Engine {
         Counter {
             fail_every: self.fail_every,
             corrupt: self.corrupt,
+            refuse: self.refuse,
             requests: self.requests.clone(),
         }
     }
