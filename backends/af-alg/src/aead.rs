@@ -66,7 +66,7 @@ impl Aead {
         let shared = self.shared.clone();
         let aad = aad.to_vec();
         let span = tracing::trace_span!("af_alg.aead.seal", len = buf.len(), aad = aad.len());
-        blocking::run(buf, self.timeout, move |data| {
+        blocking::run(&self.shared.stuck, buf, self.timeout, move |data| {
             shared.with_op(|op| seal(op, &nonce, &aad, data))
         })
         .instrument(span)
@@ -93,7 +93,7 @@ impl Aead {
         let shared = self.shared.clone();
         let aad = aad.to_vec();
         let span = tracing::trace_span!("af_alg.aead.open", len = buf.len(), aad = aad.len());
-        blocking::run(buf, self.timeout, move |data| {
+        blocking::run(&self.shared.stuck, buf, self.timeout, move |data| {
             shared.with_op(|op| open(op, &nonce, &aad, data, &tag))
         })
         .instrument(span)

@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -59,6 +60,12 @@ const IDLE_OPS: usize = 64;
 
 /// The most request threads at once (requests beyond wait in a queue).
 pub const MAX_THREADS: usize = 256;
+
+/// Requests of one transform given up as hung and still in the kernel,
+/// beyond which its new requests fail at once with [`Error::Timeout`]
+/// instead of taking one more thread into the hung engine (the pool is
+/// shared by every transform). As hung requests return, requests resume.
+pub const MAX_STUCK: usize = 4;
 
 /// How long an idle request thread waits for work before it exits.
 const IDLE_EXIT: Duration = Duration::from_secs(10);
@@ -184,6 +191,8 @@ impl Watchdog {
 pub(crate) struct Shared {
     pub(crate) tfm: Transform,
     idle: Mutex<Vec<Op>>,
+    /// Requests given up as hung whose threads are still in the kernel.
+    pub(crate) stuck: Arc<AtomicUsize>,
 }
 
 impl Shared {
@@ -191,6 +200,7 @@ impl Shared {
         Arc::new(Shared {
             tfm,
             idle: Mutex::new(Vec::new()),
+            stuck: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -219,6 +229,10 @@ impl Shared {
 }
 
 type Job = Box<dyn FnOnce() + Send>;
+
+const RUNNING: u8 = 0;
+const DONE: u8 = 1;
+const ABANDONED: u8 = 2;
 
 #[derive(Default)]
 struct Pool {
@@ -297,10 +311,22 @@ impl Pool {
 /// done with them, and then frees both. Nothing is left half-done in the
 /// kernel.
 pub(crate) async fn run<T: Send + 'static>(
+    stuck: &Arc<AtomicUsize>,
     mut buf: Vec<u8>,
     timeout: Option<RequestTimeout>,
     job: impl FnOnce(&mut Vec<u8>) -> Result<T, Error> + Send + 'static,
 ) -> Result<(Vec<u8>, T), Failed> {
+    if timeout.is_some() && stuck.load(Ordering::Acquire) >= MAX_STUCK {
+        // The engine has not returned the last ones: do not send it more.
+        return Err(Failed {
+            error: Error::Timeout(Duration::ZERO),
+            buf,
+        });
+    }
+    // RUNNING → DONE by the job, or → ABANDONED by a timed-out waiter;
+    // whichever comes second knows what the other did.
+    let state = Arc::new(AtomicU8::new(RUNNING));
+    let (job_state, job_stuck) = (state.clone(), stuck.clone());
     let guard = match (timeout, Watchdog::get()) {
         (Some(t), Some(dog)) => {
             let limit = t.for_len(buf.len());
@@ -312,6 +338,12 @@ pub(crate) async fn run<T: Send + 'static>(
     let work: Job = Box::new(move || {
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| job(&mut buf)))
             .unwrap_or(Err(Error::Worker));
+        let abandoned = job_state
+            .compare_exchange(RUNNING, DONE, Ordering::AcqRel, Ordering::Acquire)
+            .is_err();
+        if abandoned {
+            job_stuck.fetch_sub(1, Ordering::AcqRel);
+        }
         let _ = tx.send((buf, r));
     });
     if let Err(work) = pool().submit(work) {
@@ -340,10 +372,22 @@ pub(crate) async fn run<T: Send + 'static>(
                     done
                 }
                 None => {
-                    return Err(Failed {
-                        error: Error::Timeout(limit),
-                        buf: copy,
-                    });
+                    // Counted before it is marked, so the job's decrement
+                    // (only after the mark) never precedes it.
+                    stuck.fetch_add(1, Ordering::AcqRel);
+                    let abandoned = state
+                        .compare_exchange(RUNNING, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok();
+                    if abandoned {
+                        return Err(Failed {
+                            error: Error::Timeout(limit),
+                            buf: copy,
+                        });
+                    }
+                    // It finished as the deadline passed: take its result.
+                    stuck.fetch_sub(1, Ordering::AcqRel);
+                    copy.zeroize();
+                    rx.await.ok()
                 }
             }
         }
@@ -376,8 +420,9 @@ mod tests {
             fixed: Duration::from_millis(50),
             per_mib: Duration::ZERO,
         };
+        let stuck = Arc::new(AtomicUsize::new(0));
         // No tokio runtime, no timer: the watchdog is the crate's own.
-        let f = futures::executor::block_on(run(vec![7u8; 100], Some(timeout), |b| {
+        let f = futures::executor::block_on(run(&stuck, vec![7u8; 100], Some(timeout), |b| {
             b.fill(0); // the "kernel" has started writing...
             std::thread::sleep(Duration::from_millis(400)); // ...and hangs
             Ok(())
@@ -385,9 +430,25 @@ mod tests {
         .unwrap_err();
         assert!(matches!(f.error, Error::Timeout(_)), "{f:?}");
         assert_eq!(f.buf, vec![7u8; 100]);
+        assert_eq!(
+            stuck.load(Ordering::Acquire),
+            1,
+            "the hung request is counted"
+        );
+        // With MAX_STUCK requests hung, the next fails at once, untouched.
+        stuck.store(MAX_STUCK, Ordering::Release);
+        let started = std::time::Instant::now();
+        let f = futures::executor::block_on(run(&stuck, vec![3u8; 5], Some(timeout), |_| Ok(())))
+            .unwrap_err();
+        assert!(matches!(f.error, Error::Timeout(_)) && f.buf == vec![3u8; 5]);
+        assert!(started.elapsed() < Duration::from_millis(40));
+        stuck.store(1, Ordering::Release);
+        // When the hung request returns, it is no longer counted.
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(stuck.load(Ordering::Acquire), 0);
         // A request that finishes in time is not disturbed by its deadline.
         let (buf, ()) = rt()
-            .block_on(run(vec![1u8; 10], Some(timeout), |b| {
+            .block_on(run(&stuck, vec![1u8; 10], Some(timeout), |b| {
                 b[0] = 2;
                 Ok(())
             }))
@@ -404,9 +465,12 @@ mod tests {
     #[test]
     fn a_panicking_job_hands_the_buffer_back() {
         let f = rt()
-            .block_on(run(vec![1u8; 8], None, |_| -> Result<(), Error> {
-                panic!("boom")
-            }))
+            .block_on(run(
+                &Arc::default(),
+                vec![1u8; 8],
+                None,
+                |_| -> Result<(), Error> { panic!("boom") },
+            ))
             .unwrap_err();
         assert!(matches!(f.error, Error::Worker));
         assert_eq!(f.buf, vec![1u8; 8]);
@@ -414,7 +478,7 @@ mod tests {
 
     #[test]
     fn runs_without_a_tokio_runtime_and_many_at_once() {
-        let (buf, n) = futures::executor::block_on(run(vec![2u8; 4], None, |b| {
+        let (buf, n) = futures::executor::block_on(run(&Arc::default(), vec![2u8; 4], None, |b| {
             b[0] = 3;
             Ok(b.len())
         }))
@@ -423,10 +487,11 @@ mod tests {
         // 64 jobs that each wait for all the others: only threads of their
         // own can finish them.
         let barrier = Arc::new(std::sync::Barrier::new(64));
+        let stuck = Arc::default();
         let jobs: Vec<_> = (0..64)
             .map(|i| {
                 let barrier = barrier.clone();
-                run(vec![i as u8], None, move |_| {
+                run(&stuck, vec![i as u8], None, move |_| {
                     barrier.wait();
                     Ok(())
                 })

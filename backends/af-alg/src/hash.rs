@@ -50,7 +50,7 @@ impl Hash {
     pub async fn digest(&self, buf: Vec<u8>) -> Result<(Vec<u8>, Vec<u8>), Failed> {
         let (shared, n) = (self.shared.clone(), self.digest_len);
         let span = tracing::trace_span!("af_alg.hash", name = shared.tfm.name(), len = buf.len());
-        blocking::run(buf, self.timeout, move |data| {
+        blocking::run(&self.shared.stuck, buf, self.timeout, move |data| {
             shared.with_op(|op| digest(op, data, n))
         })
         .instrument(span)

@@ -175,7 +175,7 @@ impl Skcipher {
             len = buf.len(),
             unit_len
         );
-        blocking::run(buf, self.timeout, move |data| {
+        blocking::run(&self.shared.stuck, buf, self.timeout, move |data| {
             shared.with_op(|op| {
                 into_fresh(data, |input, output| {
                     let first = u128::from_le_bytes(tweak);
@@ -229,7 +229,7 @@ impl Skcipher {
             encrypt,
             len = buf.len()
         );
-        blocking::run(buf, self.timeout, move |data| {
+        blocking::run(&self.shared.stuck, buf, self.timeout, move |data| {
             shared.with_op(|op| into_fresh(data, |i, o| crypt(op, mode, encrypt, iv, i, o)))
         })
         .instrument(span)
