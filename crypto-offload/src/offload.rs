@@ -152,7 +152,7 @@ impl Offload {
     }
 
     /// Measures every backend's costs for every algorithm it runs (bounded:
-    /// see [`OffloadBuilder::calibration_budget`]), replacing the model's
+    /// about 200 ms of wall time per backend), replacing the model's
     /// entries. Engines are only chosen once calibrated (or loaded from a
     /// [`Profile`]).
     ///

@@ -84,7 +84,7 @@ impl fmt::Display for CrcAlg {
 /// fixed cost of ~15–20 ns per call (and a slow path for tails under 128
 /// bytes), where crc32fast's slice-by-16 does a 16-byte CRC-32 in 6 ns and
 /// the `crc` crate's 16-way table a 16-byte CRC-64 in 8 ns (measured on the
-/// build machines; the crossovers are [`small_limit`]'s). The running value
+/// build machines; the crossovers are in `small_limit`). The running value
 /// moves between the implementations as a plain CRC, so mixing is exact.
 #[derive(Clone)]
 pub struct Crc {

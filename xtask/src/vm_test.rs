@@ -35,7 +35,7 @@ const GZIP_LEVEL: u32 = 0;
 #[derive(Debug, Args)]
 pub struct VmTestArgs {
     /// Kernel image to boot [default: the newest /boot/vmlinuz-* with a
-    /// /lib/modules/<release>/modules.dep].
+    /// /lib/modules/RELEASE/modules.dep].
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
     /// Seconds each guest run may take before QEMU is killed.
