@@ -334,13 +334,19 @@ impl Backend for AfAlgBackend {
             .and_then(|d| af::engine::classify(d).max_request);
         let op = engine.map_or(self.limit, |e| e.min(self.limit));
         match alg {
-            // One tweak or one message per kernel operation; GCM's room
-            // leaves 4 KiB for associated data and the tag.
+            // One tweak (a data unit: see one_operation_per_unit) or one
+            // message per kernel operation; GCM's room leaves 4 KiB for
+            // associated data and the tag.
             Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => Some(op),
             Algorithm::Aead(_) => Some(op.saturating_sub(4096)),
             // CBC, CTR and CRCs are split into operations by the binding.
             _ => None,
         }
+    }
+
+    fn one_operation_per_unit(&self, alg: Algorithm) -> bool {
+        // The kernel's xts(aes) takes one tweak per operation.
+        matches!(alg, Algorithm::Cipher(c) if c.mode() == CipherMode::Xts)
     }
 
     fn operation_len(&self, alg: Algorithm) -> Option<usize> {

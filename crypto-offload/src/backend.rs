@@ -129,6 +129,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Whether the engine takes one data unit per operation for `alg` (an
+    /// XTS request of several units costs it several operations, each
+    /// paying the fixed costs; an AF_ALG engine, whose XTS takes one tweak
+    /// per operation). The selector then charges per unit, and applies
+    /// [`Backend::max_request`] to a unit.
+    fn one_operation_per_unit(&self, _alg: Algorithm) -> bool {
+        false
+    }
+
     /// Opens a keyed cipher context (both directions).
     ///
     /// # Cancel safety

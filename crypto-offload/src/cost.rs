@@ -109,6 +109,17 @@ impl Cost {
         self.cpu_fixed_ns * self.operations(len) + self.cpu_per_byte_ns * len as f64
     }
 
+    /// As [`Cost::latency_ns`], for a request the engine takes in at least
+    /// `ops` operations (one per data unit, say).
+    pub fn latency_ns_ops(&self, len: usize, ops: usize) -> f64 {
+        self.fixed_ns * self.operations(len).max(ops as f64) + self.per_byte_ns * len as f64
+    }
+
+    /// As [`Cost::cpu_ns`], for at least `ops` operations.
+    pub fn cpu_ns_ops(&self, len: usize, ops: usize) -> f64 {
+        self.cpu_fixed_ns * self.operations(len).max(ops as f64) + self.cpu_per_byte_ns * len as f64
+    }
+
     /// Throughput of one stream of `len`-byte requests, bytes per second.
     pub fn throughput(&self, len: usize) -> f64 {
         len as f64 * 1e9 / self.latency_ns(len).max(1e-3)

@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     /// `max_request[slot][algorithm index]`: the largest request the backend
     /// takes (`usize::MAX` for no limit), asked once.
     pub(crate) max_request: Vec<Box<[usize]>>,
+    /// `per_unit[slot][algorithm index]`: the backend takes one data unit
+    /// per operation (see [`crate::Backend::one_operation_per_unit`]).
+    pub(crate) per_unit: Vec<Box<[bool]>>,
     /// Per (algorithm, direction): requests shorter than this run on the CPU
     /// under the Latency policy without weighing the engines (kept by
     /// [`Inner::refresh_cpu_bound`]).
@@ -472,9 +475,17 @@ impl OffloadBuilder {
                     .collect()
             }))
             .collect();
+        let per_unit = std::iter::once(Algorithm::all().map(|_| false).collect())
+            .chain(self.backends.iter().map(|b| {
+                Algorithm::all()
+                    .map(|a| b.one_operation_per_unit(a))
+                    .collect()
+            }))
+            .collect();
         let inner = Inner {
             supported,
             max_request,
+            per_unit,
             cpu: self.cpu,
             backends: self.backends,
             pinned,

@@ -150,6 +150,7 @@ impl Inner {
         alg: Algorithm,
         dir: Direction,
         len: usize,
+        unit: usize,
     ) -> Result<Prediction, Exclusion> {
         let k = crate::cost::key(alg, dir);
         if slot > 0 {
@@ -159,7 +160,11 @@ impl Inner {
             if self.breakers[slot].is_open() {
                 return Err(Exclusion::CircuitOpen);
             }
-            if len > self.max_request[slot][k / 2] {
+            // An engine that takes a data unit per operation is limited per
+            // unit.
+            let per_unit = self.per_unit[slot][k / 2];
+            let shape = if per_unit { unit.min(len) } else { len };
+            if shape > self.max_request[slot][k / 2] {
                 return Err(Exclusion::TooLarge);
             }
         }
@@ -168,7 +173,14 @@ impl Inner {
         let Some(cost) = entry.cost() else {
             return Err(Exclusion::Uncalibrated);
         };
-        let base = cost.latency_ns(len);
+        // Operations the request takes: a unit each on an engine that takes
+        // one unit per operation.
+        let units = if slot > 0 && self.per_unit[slot][k / 2] {
+            len.div_ceil(unit.max(1))
+        } else {
+            1
+        };
+        let base = cost.latency_ns_ops(len, units);
         let service = base * entry.correction();
         let queued = model.in_flight.load(Ordering::Relaxed) as f64;
         let waiting = if slot == 0 && self.policy != Policy::Throughput {
@@ -191,7 +203,7 @@ impl Inner {
         Ok(Prediction {
             slot,
             latency: service + wait + resume,
-            cpu: cost.cpu_ns(len),
+            cpu: cost.cpu_ns_ops(len, units),
             base,
             expected: base * (1.0 + waiting),
             cold,
@@ -267,6 +279,20 @@ impl Inner {
         dir: Direction,
         len: usize,
     ) -> (usize, Option<Prediction>) {
+        self.choose_unit(alg, dir, len, len)
+    }
+
+    /// As [`Inner::choose`], for a request of `len`-byte data units (XTS):
+    /// an engine that takes one unit per operation pays its fixed costs per
+    /// unit.
+    #[inline]
+    pub(crate) fn choose_unit(
+        &self,
+        alg: Algorithm,
+        dir: Direction,
+        len: usize,
+        unit: usize,
+    ) -> (usize, Option<Prediction>) {
         // The fast answers, inline in the request's poll: the CPU alone or
         // pinned (nothing to choose, nothing for a choice to learn), or a
         // request the CPU wins before the engines' queues are even looked at.
@@ -283,7 +309,7 @@ impl Inner {
             }
             _ => {}
         }
-        self.choose_among(alg, dir, len)
+        self.choose_among(alg, dir, len, unit)
     }
 
     #[inline(never)]
@@ -292,17 +318,18 @@ impl Inner {
         alg: Algorithm,
         dir: Direction,
         len: usize,
+        unit: usize,
     ) -> (usize, Option<Prediction>) {
         if let Some(p) = self.pinned {
             // Pinned to an engine: its completions still teach its model
             // (what `explain` reports).
-            return (p, self.predict(p, alg, dir, len).ok());
+            return (p, self.predict(p, alg, dir, len, unit).ok());
         }
         let best = match self.policy {
-            Policy::Latency => self.least(alg, dir, len, |p, b| p.latency < b.latency),
+            Policy::Latency => self.least(alg, dir, len, unit, |p, b| p.latency < b.latency),
             Policy::CpuSaving { max_latency } => {
                 let bound = max_latency.as_nanos() as f64;
-                self.least(alg, dir, len, |p, b| {
+                self.least(alg, dir, len, unit, |p, b| {
                     match (p.latency <= bound, b.latency <= bound) {
                         (true, false) => true,
                         (false, true) => false,
@@ -311,7 +338,7 @@ impl Inner {
                     }
                 })
             }
-            Policy::Throughput => self.spread(alg, dir, len),
+            Policy::Throughput => self.spread(alg, dir, len, unit),
         };
         match best {
             Some(p) => (p.slot, Some(p)),
@@ -326,10 +353,11 @@ impl Inner {
         alg: Algorithm,
         dir: Direction,
         len: usize,
+        unit: usize,
         better: impl Fn(&Prediction, &Prediction) -> bool,
     ) -> Option<Prediction> {
         (0..=self.backends.len())
-            .filter_map(|slot| self.predict(slot, alg, dir, len).ok())
+            .filter_map(|slot| self.predict(slot, alg, dir, len, unit).ok())
             .reduce(|b, p| if better(&p, &b) { p } else { b })
     }
 
@@ -345,8 +373,14 @@ impl Inner {
     /// of this machine's CPU than doing the work here would (otherwise
     /// offloading frees nothing). The CPU takes the rest. Engines and CPU
     /// then work at once, each at its own capacity.
-    fn spread(&self, alg: Algorithm, dir: Direction, len: usize) -> Option<Prediction> {
-        let cpu = self.predict(0, alg, dir, len).ok();
+    fn spread(
+        &self,
+        alg: Algorithm,
+        dir: Direction,
+        len: usize,
+        unit: usize,
+    ) -> Option<Prediction> {
+        let cpu = self.predict(0, alg, dir, len, unit).ok();
         let cpu_busy = self.models[0].in_flight.load(Ordering::Relaxed);
         if cpu.is_some() && (cpu_busy == 0 || cpu_busy + 1 < self.cores) {
             return cpu;
@@ -354,7 +388,7 @@ impl Inner {
         let here = cpu.map_or(f64::MAX, |c| c.base);
         let engine = (1..=self.backends.len())
             .filter_map(|slot| {
-                let p = self.predict(slot, alg, dir, len).ok()?;
+                let p = self.predict(slot, alg, dir, len, unit).ok()?;
                 let cost = self.models[slot].entry(alg, dir).cost()?;
                 let queued = self.models[slot].in_flight.load(Ordering::Relaxed) as f64;
                 let keep_fed = QUEUE_PER_SERVER * f64::from(cost.parallelism);
@@ -385,7 +419,7 @@ impl Inner {
                     }
                     _ => None,
                 };
-                let predicted = self.predict(slot, alg, dir, len).map_err(|e| match e {
+                let predicted = self.predict(slot, alg, dir, len, len).map_err(|e| match e {
                     Exclusion::Unsupported => "does not run this algorithm".to_owned(),
                     Exclusion::TooLarge => format!(
                         "takes at most {} bytes a request",

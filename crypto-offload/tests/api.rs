@@ -587,6 +587,69 @@ async fn a_request_shape_a_backend_refuses_replays_without_opening_its_breaker()
 }
 
 #[tokio::test]
+async fn an_engine_that_takes_a_unit_per_operation_is_charged_per_unit() {
+    // The CPU: 1 ns a byte. The engine: 10 µs an operation, fast per byte,
+    // one XTS data unit per operation (as the kernel's xts(aes) through
+    // AF_ALG).
+    let profile = crypto_offload::Profile::from_toml(
+        r#"
+[[entry]]
+backend = "cpu"
+alg = "aes-256-xts"
+dir = "encrypt"
+fixed_ns = 0.0
+per_byte_ns = 1.0
+cpu_fixed_ns = 0.0
+cpu_per_byte_ns = 1.0
+parallelism = 1
+
+[[entry]]
+backend = "units"
+alg = "aes-256-xts"
+dir = "encrypt"
+fixed_ns = 10000.0
+per_byte_ns = 0.01
+cpu_fixed_ns = 100.0
+cpu_per_byte_ns = 0.0
+parallelism = 1
+"#,
+    )
+    .unwrap();
+    let offload = Offload::builder()
+        .backend(common::Engine::new("units").per_unit().shared())
+        .profile(profile)
+        .build()
+        .unwrap();
+    let enc = crypto_offload::Direction::Encrypt;
+    // One 64 KiB unit: 10.7 µs on the engine against 65.5 µs here.
+    let whole = offload
+        .cipher(CipherAlg::Aes256Xts, &key(64))
+        .await
+        .unwrap();
+    assert_eq!(whole.backend_for(enc, 65536), "units");
+    // 128 sectors of 512 bytes: 128 operations, 1.3 ms on the engine.
+    let sectors = offload
+        .cipher(CipherAlg::Aes256Xts, &key(64))
+        .await
+        .unwrap()
+        .with_data_unit(512)
+        .unwrap();
+    assert_eq!(sectors.backend_for(enc, 65536), "cpu");
+    // And the request itself goes where backend_for says.
+    let pt = vec![7u8; 65536];
+    let got = sectors.encrypt(&[0; 16], pt.clone()).await.unwrap();
+    let cpu = Offload::discover().await.unwrap();
+    let reference = cpu
+        .cipher(CipherAlg::Aes256Xts, &key(64))
+        .await
+        .unwrap()
+        .with_data_unit(512)
+        .unwrap();
+    assert_eq!(got, reference.encrypt(&[0; 16], pt).await.unwrap());
+    assert_eq!(offload.backends()[1].stats.requests, 0);
+}
+
+#[tokio::test]
 async fn a_failed_open_on_a_backend_releases_nothing_either() {
     // The engine path: the dyn backend's authentication failure also comes
     // back as the opaque error with a zeroed buffer.

@@ -89,7 +89,8 @@ impl CipherSession {
     /// The backend a request of `len` bytes would go to now.
     pub fn backend_for(&self, dir: Direction, len: usize) -> &str {
         let inner = self.offload.inner();
-        inner.slot_name(inner.choose(self.alg.into(), dir, len).0)
+        let unit = self.data_unit.unwrap_or(len);
+        inner.slot_name(inner.choose_unit(self.alg.into(), dir, len, unit).0)
     }
 
     /// XTS: treats each request as consecutive data units of `len` bytes
@@ -383,7 +384,9 @@ impl<B: Buffer> Future for CipherRequest<'_, B> {
             Ok(p) => p,
             Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
         };
-        let (slot, predicted) = inner.choose(alg, dir, len);
+        // XTS over several data units: params.data_unit (the whole request
+        // otherwise).
+        let (slot, predicted) = inner.choose_unit(alg, dir, len, params.data_unit);
         let plan = if slot == 0 {
             cpu_plan(inner, alg, dir, len)
         } else {

@@ -23,6 +23,8 @@ pub struct Engine {
     pub corrupt: bool,
     /// Failures say "not this request's shape" (`Unsupported`) instead.
     pub refuse: bool,
+    /// It takes one XTS data unit per operation.
+    pub per_unit: bool,
     pub requests: Arc<AtomicUsize>,
 }
 
@@ -34,8 +36,15 @@ impl Engine {
             only: None,
             corrupt: false,
             refuse: false,
+            per_unit: false,
             requests: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// It takes one XTS data unit per operation, as AF_ALG engines do.
+    pub fn per_unit(mut self) -> Self {
+        self.per_unit = true;
+        self
     }
 
     /// Its failures are `Unsupported` (a request shape it does not take).
@@ -173,6 +182,9 @@ impl Backend for Engine {
     }
     fn supports(&self, alg: Algorithm) -> bool {
         self.only.is_none_or(|a| a == alg)
+    }
+    fn one_operation_per_unit(&self, _alg: Algorithm) -> bool {
+        self.per_unit
     }
     async fn open_cipher(
         &self,
