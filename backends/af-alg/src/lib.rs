@@ -3,6 +3,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod aead;
+mod aio;
 pub(crate) mod blocking;
 pub mod engine;
 mod error;

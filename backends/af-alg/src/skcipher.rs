@@ -193,6 +193,89 @@ impl Skcipher {
         .map(|(buf, ())| buf)
     }
 
+    /// Encrypts or decrypts `buf` with native AIO (`io_submit`) instead of
+    /// a request thread: the operation is sent from the calling thread and
+    /// its read completes from the kernel. For measuring the two mechanisms
+    /// (`af-alg-overhead`); one operation only (a request longer than one is
+    /// [`Error::TooLarge`]), no timeout.
+    ///
+    /// # Errors
+    /// As for [`Skcipher::encrypt`]; [`Error::Unavailable`]-free: a kernel
+    /// without AIO gives `io_submit`'s errno.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the read with the kernel; its buffer and
+    /// socket are freed when it completes.
+    pub async fn crypt_aio(
+        &self,
+        encrypt: bool,
+        iv: &[u8],
+        buf: Vec<u8>,
+    ) -> Result<Vec<u8>, Failed> {
+        let iv = match self.check(iv, buf.len()) {
+            Ok(iv) => iv,
+            Err(error) => return Err(Failed { error, buf }),
+        };
+        if buf.is_empty() {
+            return Ok(buf);
+        }
+        let Some(aio) = crate::aio::Aio::get() else {
+            let error = Error::Io {
+                op: "io_setup",
+                source: std::io::Error::last_os_error(),
+            };
+            return Err(Failed { error, buf });
+        };
+        let op = match self.shared.take() {
+            Ok(op) => op,
+            Err(error) => return Err(Failed { error, buf }),
+        };
+        if buf.len() > op.limit() {
+            let error = Error::TooLarge {
+                len: buf.len(),
+                max: op.limit(),
+            };
+            self.shared.give_back(op);
+            return Err(Failed { error, buf });
+        }
+        let sent = op.send(
+            Control {
+                encrypt: Some(encrypt),
+                iv: (self.mode.iv_len() > 0).then_some(&iv[..]),
+                ..Control::default()
+            },
+            &[IoSlice::new(&buf)],
+        );
+        if let Err(error) = sent {
+            return Err(Failed { error, buf });
+        }
+        let rx = match aio.submit(op, vec![0u8; buf.len()]) {
+            Ok(rx) => rx,
+            Err((error, _op, _out)) => return Err(Failed { error, buf }),
+        };
+        let Ok((out, op, res)) = rx.await else {
+            return Err(Failed {
+                error: Error::Worker,
+                buf,
+            });
+        };
+        if res == buf.len() as i64 {
+            self.shared.give_back(op);
+            let mut buf = buf;
+            buf.zeroize();
+            return Ok(out);
+        }
+        let error = if res < 0 {
+            Error::sys("read", "", nix::errno::Errno::from_raw(-res as i32))
+        } else {
+            Error::Io {
+                op: "read",
+                source: std::io::Error::other(format!("read {res} of {} bytes", buf.len())),
+            }
+        };
+        Err(Failed { error, buf })
+    }
+
     /// Encrypts or decrypts `data` in place on the calling thread (which
     /// blocks until the kernel is done).
     ///

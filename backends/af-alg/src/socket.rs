@@ -160,6 +160,11 @@ pub(crate) struct Control<'a> {
 
 impl Op {
     /// The most data one operation may carry.
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The most data one operation may carry.
     pub(crate) fn limit(&self) -> usize {
         self.limit
     }

@@ -488,3 +488,38 @@ fn empty_messages_and_the_largest_one_operation_takes() {
         "XTS at {unit}"
     );
 }
+
+#[test]
+fn aio_requests_match_the_fallback_on_every_cbc_driver() {
+    if !af_alg() {
+        return;
+    }
+    let rt = rt();
+    let key = [0x31u8; 16];
+    for driver in bindings("cbc(aes)", "skcipher") {
+        let s = Skcipher::bind(Mode::Cbc, driver.as_deref(), &key).unwrap();
+        for len in [16usize, 4096, 65536] {
+            let plain: Vec<u8> = (0..len).map(|i| (i * 13) as u8).collect();
+            let mut want = plain.clone();
+            fb::Cbc::new(&key)
+                .unwrap()
+                .encrypt(&[2; 16], &mut want)
+                .unwrap();
+            let got = rt
+                .block_on(s.crypt_aio(true, &[2; 16], plain.clone()))
+                .map_err(|f| f.error)
+                .unwrap();
+            assert!(got == want, "{driver:?} {len}");
+            let back = rt
+                .block_on(s.crypt_aio(false, &[2; 16], got))
+                .map_err(|f| f.error)
+                .unwrap();
+            assert!(back == plain, "{driver:?} {len}");
+        }
+        // One operation at most; the buffer comes back with the error.
+        let big = vec![1u8; crypto_offload_af_alg::operation_limit() + 16];
+        let f = rt.block_on(s.crypt_aio(true, &[0; 16], big)).unwrap_err();
+        assert!(matches!(f.error, Error::TooLarge { .. }));
+        assert!(f.buf.iter().all(|&b| b == 1));
+    }
+}

@@ -1,8 +1,9 @@
-//! What the AF_ALG binding's async mechanism costs a request: the same
+//! What the AF_ALG binding's async mechanisms cost a request: the same
 //! requests run synchronously on the calling thread (`crypt_blocking`, the
-//! floor any mechanism adds to) and through the async API (a hand-off to a
-//! request thread and back), one at a time and 16 in flight, for every
-//! `cbc(aes)` driver the kernel lists. Linux only, with AF_ALG (the QEMU test
+//! floor any mechanism adds to), through the request threads (`encrypt`: a
+//! hand-off to a thread and back) and through native AIO (`crypt_aio`:
+//! `io_submit`, completion from a reaper thread), one at a time and 16 in
+//! flight, for every `cbc(aes)` driver the kernel lists. Linux only, with AF_ALG (the QEMU test
 //! guest runs it: `cargo xtask vm-test --run virtio`).
 //!
 //! `cargo run --release -p crypto-offload-benches --bin af-alg-overhead`
@@ -39,8 +40,15 @@ fn main() {
         .map(|r| r.driver)
         .collect();
     println!(
-        "{:<24} {:>8} {:>12} {:>12} {:>10} {:>16}",
-        "driver", "size", "sync µs", "async µs", "async/sync", "16 in flight µs"
+        "{:<24} {:>8} {:>10} {:>12} {:>10} {:>10} {:>16} {:>14}",
+        "driver",
+        "size",
+        "sync µs",
+        "threads µs",
+        "aio µs",
+        "aio/sync",
+        "threads ×16 µs",
+        "aio ×16 µs"
     );
     for driver in &drivers {
         let Ok(s) = Skcipher::bind(Mode::Cbc, Some(driver), &[7; 16]) else {
@@ -63,6 +71,35 @@ fn main() {
                 },
                 budget,
             );
+            let mut owned = Some(vec![0u8; size]);
+            let aio = per_request(
+                || {
+                    let b = owned.take().unwrap_or_default();
+                    owned = Some(
+                        rt.block_on(s.crypt_aio(true, &[0; 16], b))
+                            .expect("aio request"),
+                    );
+                },
+                budget,
+            );
+            let aio_many = per_request(
+                || {
+                    rt.block_on(async {
+                        let tasks: Vec<_> = (0..16)
+                            .map(|_| {
+                                let s = s.clone();
+                                tokio::spawn(async move {
+                                    s.crypt_aio(true, &[0; 16], vec![0; size]).await
+                                })
+                            })
+                            .collect();
+                        for t in tasks {
+                            t.await.expect("task").expect("request");
+                        }
+                    })
+                },
+                budget,
+            ) / 16.0;
             // 16 requests in flight at once, per request.
             let many = per_request(
                 || {
@@ -83,8 +120,8 @@ fn main() {
                 budget,
             ) / 16.0;
             println!(
-                "{driver:<24} {size:>8} {sync:>12.1} {one:>12.1} {:>10.2} {many:>16.1}",
-                one / sync
+                "{driver:<24} {size:>8} {sync:>10.1} {one:>12.1} {aio:>10.1} {:>10.2} {many:>16.1} {aio_many:>14.1}",
+                aio / sync
             );
         }
     }
