@@ -111,7 +111,7 @@ impl Aio {
         &'static self,
         op: Op,
         mut out: Vec<u8>,
-    ) -> Result<tokio::sync::oneshot::Receiver<Completion>, (Error, Op, Vec<u8>)> {
+    ) -> Result<tokio::sync::oneshot::Receiver<Completion>, Error> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let iocb = Iocb {
             aio_data: id,
@@ -128,13 +128,19 @@ impl Aio {
             aio_resfd: 0,
         };
         let (done, rx) = tokio::sync::oneshot::channel();
-        // Registered before the submit: the completion may come at once.
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        // Registered before the submit (the completion may come at once),
+        // and not under the lock during it: for a synchronous driver the
+        // whole operation runs inside io_submit.
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Pending { out, op, done });
         let mut iocbs = [&iocb as *const Iocb];
         // SAFETY: one valid iocb pointer in a valid array; the kernel copies
-        // the iocb during the call. Its buffer (`out`'s heap storage, which
-        // does not move when the Vec moves into the map below) stays alive
-        // and untouched until the completion is reaped, as does the socket.
+        // the iocb during the call. Its buffer (the registered `out`'s heap
+        // storage, which did not move when the Vec moved into the map) and
+        // the socket stay alive and untouched in the map until the
+        // completion is reaped.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_io_submit,
@@ -149,9 +155,14 @@ impl Aio {
             } else {
                 nix::errno::Errno::EAGAIN
             };
-            return Err((Error::sys("io_submit", "", errno), op, out));
+            // Not submitted: the kernel never saw the buffer or socket,
+            // which are dropped here.
+            self.pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            return Err(Error::sys("io_submit", "", errno));
         }
-        pending.insert(id, Pending { out, op, done });
         Ok(rx)
     }
 

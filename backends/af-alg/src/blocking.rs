@@ -15,10 +15,11 @@
 //! process's exit. These threads are detached. It also works under any
 //! executor. Native AIO (`io_submit`, [`crate::aio`]) saves one thread
 //! hand-off per request and was measured against this in the QEMU guest
-//! (`af-alg-overhead`): 1–20% cheaper one request at a time, but 1.1–1.9×
-//! dearer per request with 16 in flight, where these threads spread the
-//! work over the cores and AIO runs each submission on the submitting
-//! worker. Servers keep many requests in flight: threads it is.
+//! (`af-alg-overhead`): within ~10% one request at a time, but 1.35–1.55×
+//! dearer per request with 16 in flight on an asynchronous engine
+//! (virtio_crypto; only the kernel's synchronous AES-NI driver did as well
+//! or better with AIO). Engines are what AF_ALG is for, and servers keep
+//! many requests in flight: threads it is.
 
 use std::collections::VecDeque;
 use std::future::Future;

@@ -251,7 +251,7 @@ impl Skcipher {
         }
         let rx = match aio.submit(op, vec![0u8; buf.len()]) {
             Ok(rx) => rx,
-            Err((error, _op, _out)) => return Err(Failed { error, buf }),
+            Err(error) => return Err(Failed { error, buf }),
         };
         let Ok((out, op, res)) = rx.await else {
             return Err(Failed {
