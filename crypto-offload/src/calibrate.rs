@@ -379,6 +379,16 @@ async fn calibrate_engine(
             large = large.merge(time_engine(ctx, dir, len, more).await?);
         }
         let (fixed, per_byte) = Cost::fit((SMALL, small.wall), (len, large.wall));
+        // A request split into operations pays some costs once (an AF_ALG
+        // request's thread hand-off) and some per operation: time one of
+        // four operations, if it fits, for the latter.
+        let op_fixed = match operation {
+            Some(op) if op == len && 4.0 * large.wall < remaining() => {
+                let four = time_engine(ctx, dir, 4 * op, 1).await?.wall;
+                Some(((four - fixed - per_byte * (4 * op) as f64) / 3.0).clamp(0.0, fixed))
+            }
+            _ => None,
+        };
         let (cpu_fixed, cpu_per_byte) = match backend.declared_cpu_cost(alg) {
             Some((fixed, per_byte)) => (fixed.as_nanos() as f64, per_byte),
             None => fit_cpu((SMALL, &small), (len, &large)),
@@ -408,7 +418,9 @@ async fn calibrate_engine(
         if let Some(depth) = backend.queue_depth() {
             cost = cost.with_queue_depth(u32::try_from(depth).unwrap_or(u32::MAX));
         }
-        cost = cost.with_operation_len(operation);
+        cost = cost
+            .with_operation_len(operation)
+            .with_op_fixed_ns(op_fixed);
         inner.set_cost(slot, alg, dir, cost);
         last = Some(cost);
     }

@@ -51,6 +51,12 @@ pub struct Cost {
     /// operation); unbounded when the backend does not split.
     #[serde(default = "unsplit")]
     pub operation_len: u64,
+    /// Latency of each operation after a split request's first, in ns,
+    /// where calibration measured it (a lone request's `fixed_ns` also pays
+    /// what a request pays once: an AF_ALG request's thread hand-off, say);
+    /// `fixed_ns` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_fixed_ns: Option<f64>,
 }
 
 fn unbounded() -> u32 {
@@ -78,7 +84,14 @@ impl Cost {
             parallelism: parallelism.max(1),
             queue_depth: u32::MAX,
             operation_len: u64::MAX,
+            op_fixed_ns: None,
         }
+    }
+
+    /// The same cost with a measured latency per further operation.
+    pub fn with_op_fixed_ns(mut self, ns: Option<f64>) -> Self {
+        self.op_fixed_ns = ns.filter(|n| n.is_finite() && *n >= 0.0);
+        self
     }
 
     /// The same cost for an engine that carries requests in operations of
@@ -101,7 +114,7 @@ impl Cost {
 
     /// The service latency of a `len`-byte request, in ns.
     pub fn latency_ns(&self, len: usize) -> f64 {
-        self.fixed_ns * self.operations(len) + self.per_byte_ns * len as f64
+        self.latency_ns_ops(len, 1)
     }
 
     /// The submitting CPU's time for a `len`-byte request, in ns.
@@ -112,7 +125,10 @@ impl Cost {
     /// As [`Cost::latency_ns`], for a request the engine takes in at least
     /// `ops` operations (one per data unit, say).
     pub fn latency_ns_ops(&self, len: usize, ops: usize) -> f64 {
-        self.fixed_ns * self.operations(len).max(ops as f64) + self.per_byte_ns * len as f64
+        let further = self.operations(len).max(ops as f64) - 1.0;
+        self.fixed_ns
+            + self.op_fixed_ns.unwrap_or(self.fixed_ns) * further
+            + self.per_byte_ns * len as f64
     }
 
     /// As [`Cost::cpu_ns`], for at least `ops` operations.
@@ -210,6 +226,8 @@ pub(crate) struct Entry {
     parallelism: AtomicU64,
     queue_depth: AtomicU64,
     operation_len: AtomicU64,
+    /// `op_fixed_ns`, negative for none.
+    op_fixed: AtomicF64,
     /// Observed latency over predicted, smoothed; multiplies the latency.
     correction: AtomicF64,
     samples: AtomicU64,
@@ -234,6 +252,7 @@ impl Entry {
             queue_depth: u32::try_from(self.queue_depth.load(Ordering::Relaxed))
                 .unwrap_or(u32::MAX),
             operation_len: self.operation_len.load(Ordering::Relaxed).max(1),
+            op_fixed_ns: Some(self.op_fixed.get()).filter(|n| *n >= 0.0),
         })
     }
 
@@ -248,6 +267,7 @@ impl Entry {
             .store(u64::from(c.queue_depth.max(1)), Ordering::Relaxed);
         self.operation_len
             .store(c.operation_len.max(1), Ordering::Relaxed);
+        self.op_fixed.set(c.op_fixed_ns.unwrap_or(-1.0));
         self.correction.set(1.0);
         self.calibrated.store(true, Ordering::Release);
     }
@@ -364,6 +384,10 @@ mod tests {
         assert_eq!(c.latency_ns(0), 100.0);
         let whole = Cost::new(100.0, 1.0, 10.0, 0.5, 1);
         assert_eq!(whole.latency_ns(2500), 2600.0);
+        // Further operations at their measured cost.
+        let measured = c.with_op_fixed_ns(Some(40.0));
+        assert_eq!(measured.latency_ns(2500), 100.0 + 2.0 * 40.0 + 2500.0);
+        assert_eq!(measured.latency_ns(1000), 1100.0);
         // A saved profile without the field reads as unsplit.
         let toml = "fixed_ns = 1.0\nper_byte_ns = 0.0\ncpu_fixed_ns = 0.0\ncpu_per_byte_ns = 0.0\nparallelism = 1\n";
         let read: Cost = toml::from_str(toml).unwrap();
