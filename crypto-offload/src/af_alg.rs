@@ -155,6 +155,14 @@ impl AfAlgBackend {
         }
     }
 
+    /// The most one kernel operation carries for `alg` here: the socket's
+    /// limit, or the engine's own (a quirk in the engine table) if lower.
+    fn operation(&self, alg: Algorithm) -> usize {
+        self.driver(alg)
+            .and_then(|d| af::engine::classify(d).max_request)
+            .map_or(self.limit, |e| e.min(self.limit))
+    }
+
     fn driver_or_unsupported(&self, alg: Algorithm) -> Result<&str, BackendError> {
         self.driver(alg)
             .ok_or_else(|| BackendError::Unsupported(format!("{} on {}", alg.name(), self.name)))
@@ -327,18 +335,12 @@ impl Backend for AfAlgBackend {
     }
 
     fn max_request(&self, alg: Algorithm) -> Option<usize> {
-        // The engine's own limit on one operation (a quirk in the engine
-        // table), within the socket's.
-        let engine = self
-            .driver(alg)
-            .and_then(|d| af::engine::classify(d).max_request);
-        let op = engine.map_or(self.limit, |e| e.min(self.limit));
         match alg {
             // One tweak (a data unit: see one_operation_per_unit) or one
             // message per kernel operation; GCM's room leaves 4 KiB for
             // associated data and the tag.
-            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => Some(op),
-            Algorithm::Aead(_) => Some(op.saturating_sub(4096)),
+            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => Some(self.operation(alg)),
+            Algorithm::Aead(_) => Some(self.operation(alg).saturating_sub(4096)),
             // CBC, CTR and CRCs are split into operations by the binding.
             _ => None,
         }
@@ -354,12 +356,7 @@ impl Backend for AfAlgBackend {
         // this size (the binding chains the IV), each paying the engine's
         // fixed cost.
         match alg {
-            Algorithm::Cipher(c) if c.mode() != CipherMode::Xts => {
-                let engine = self
-                    .driver(alg)
-                    .and_then(|d| af::engine::classify(d).max_request);
-                Some(engine.map_or(self.limit, |e| e.min(self.limit)))
-            }
+            Algorithm::Cipher(c) if c.mode() != CipherMode::Xts => Some(self.operation(alg)),
             _ => None,
         }
     }

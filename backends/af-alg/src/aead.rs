@@ -35,7 +35,7 @@ impl Aead {
                 detail: format!("{} bytes for gcm(aes)", key.len()),
             });
         }
-        let tfm = Transform::bind("aead", driver.unwrap_or("gcm(aes)"))?;
+        let tfm = Transform::bind("aead", driver.unwrap_or("gcm(aes)"), driver.is_some())?;
         tfm.set_key(key)?;
         tfm.set_tag_len(TAG_LEN)?;
         Ok(Aead {

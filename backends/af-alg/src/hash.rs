@@ -26,7 +26,17 @@ impl Hash {
     /// [`Error::Unavailable`] if AF_ALG or the algorithm is not on offer
     /// here; [`Error::InvalidParameter`] if the kernel refuses the key.
     pub fn bind(name: &str, key: Option<&[u8]>, digest_len: usize) -> Result<Hash, Error> {
-        let tfm = Transform::bind("hash", name)?;
+        Hash::bind_as(name, false, key, digest_len)
+    }
+
+    /// As [`Hash::bind`], told whether `name` is a driver name.
+    fn bind_as(
+        name: &str,
+        is_driver: bool,
+        key: Option<&[u8]>,
+        digest_len: usize,
+    ) -> Result<Hash, Error> {
+        let tfm = Transform::bind("hash", name, is_driver)?;
         if let Some(key) = key {
             tfm.set_key(key)?;
         }
@@ -133,7 +143,7 @@ impl Crc {
         };
         let mut last = None;
         for name in names {
-            match Hash::bind(name, key, kind.width()) {
+            match Hash::bind_as(name, driver.is_some(), key, kind.width()) {
                 Ok(hash) => return Ok(Crc { hash, kind }),
                 Err(e) if e.is_unavailable() => last = Some(e),
                 Err(e) => return Err(e),

@@ -23,7 +23,7 @@ pub fn restrict_level() -> Option<u8> {
 /// (`EAFNOSUPPORT`, or `af_alg_restrict = 2`), the allowlist
 /// (`af_alg_restrict = 1`), or no permission.
 pub fn probe() -> Result<(), Error> {
-    Transform::bind("skcipher", "cbc(aes)").map(drop)
+    Transform::bind("skcipher", "cbc(aes)", false).map(drop)
 }
 
 /// A one-line reason for `probe`'s failure, naming the sysctl when it is

@@ -99,7 +99,11 @@ impl Skcipher {
                 detail: format!("{} bytes for {}", key.len(), mode.generic_name()),
             });
         }
-        let tfm = Transform::bind("skcipher", driver.unwrap_or(mode.generic_name()))?;
+        let tfm = Transform::bind(
+            "skcipher",
+            driver.unwrap_or(mode.generic_name()),
+            driver.is_some(),
+        )?;
         tfm.set_key(key)?;
         Ok(Skcipher {
             shared: Shared::new(tfm),

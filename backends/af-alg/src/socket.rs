@@ -65,7 +65,13 @@ pub(crate) struct Transform {
 impl Transform {
     /// A socket bound to `name` ("cbc(aes)" or a driver name such as
     /// "virtio_crypto_aes_cbc") of `kind` ("skcipher", "aead", "hash").
-    pub(crate) fn bind(kind: &'static str, name: &str) -> Result<Transform, Error> {
+    /// `is_driver`: the caller knows `name` is a driver name, so
+    /// `/proc/crypto` need not be read to learn which driver was bound.
+    pub(crate) fn bind(
+        kind: &'static str,
+        name: &str,
+        is_driver: bool,
+    ) -> Result<Transform, Error> {
         if name.is_empty() || name.len() >= NAME_MAX || name.contains('\0') {
             return Err(Error::Invalid {
                 what: "algorithm name",
@@ -81,7 +87,11 @@ impl Transform {
         )
         .map_err(|e| Error::sys("socket", "sockets", e))?;
         bind(fd.as_raw_fd(), &AlgAddr::new(kind, name)).map_err(|e| Error::sys("bind", name, e))?;
-        let driver = bound_driver(kind, name);
+        let driver = if is_driver {
+            Some(name.to_owned())
+        } else {
+            bound_driver(kind, name)
+        };
         let max_operation = match driver.as_deref() {
             Some(d) => crate::engine::classify(d).max_request.unwrap_or(usize::MAX),
             // An engine we cannot name may have a limit we cannot look up:
