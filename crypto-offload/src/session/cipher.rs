@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 use super::{
-    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_plan, inline_cpu, join_failed, session_key,
+    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_plan, inline_cpu, poll_cpu_job, session_key,
     spend_budget,
 };
 use crate::alg::{Algorithm, CipherAlg, CipherMode};
@@ -274,15 +274,9 @@ impl<'a, B: Buffer> CipherRequest<'a, B> {
     ) -> Poll<Result<B, RequestError<B>>> {
         let session = self.session;
         let done = match &mut away.on {
-            On::Cpu(job) => match Pin::new(job).poll(cx) {
-                Poll::Pending => None,
-                Poll::Ready(Ok((Ok(()), buf))) => Some(Ok(Ok(buf))),
-                Poll::Ready(Ok((Err(e), buf))) => Some(Ok(Err(RequestError::new(
-                    map_error(session.alg.into(), e),
-                    buf,
-                )))),
-                Poll::Ready(Err(e)) => join_failed(e),
-            },
+            On::Cpu(job) => {
+                poll_cpu_job(job, cx, session.alg.into()).map(|r| Ok(r.map(|((), buf)| buf)))
+            }
             On::Engine(fut) => match Pin::new(fut).poll(cx) {
                 Poll::Pending => None,
                 Poll::Ready(Ok(io)) => Some(Ok(Ok(B::from_io(io)))),

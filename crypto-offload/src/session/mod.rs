@@ -373,6 +373,25 @@ fn cpu_plan_large(inner: &Inner, alg: Algorithm, dir: Direction, len: usize) -> 
 }
 
 /// Re-raises a blocking CPU job's panic (there is no buffer to hand back).
+/// Polls a blocking-pool job of `alg`: `None` while it runs, then its
+/// output with the buffer, or the typed error with the buffer.
+pub(crate) fn poll_cpu_job<T, B>(
+    job: &mut tokio::task::JoinHandle<(Result<T, crypto_offload_fallback::Error>, B)>,
+    cx: &mut std::task::Context<'_>,
+    alg: Algorithm,
+) -> Option<Result<(T, B), crate::error::RequestError<B>>> {
+    use std::task::Poll;
+    match std::pin::Pin::new(job).poll(cx) {
+        Poll::Pending => None,
+        Poll::Ready(Ok((Ok(t), buf))) => Some(Ok((t, buf))),
+        Poll::Ready(Ok((Err(e), buf))) => Some(Err(crate::error::RequestError::new(
+            crate::cpu::map_error(alg, e),
+            buf,
+        ))),
+        Poll::Ready(Err(e)) => join_failed(e),
+    }
+}
+
 pub(crate) fn join_failed(e: tokio::task::JoinError) -> ! {
     match e.try_into_panic() {
         Ok(panic) => std::panic::resume_unwind(panic),
