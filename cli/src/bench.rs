@@ -90,6 +90,9 @@ pub struct AlgBench {
     pub oracle: Vec<Option<(String, f64)>>,
     /// Auto's throughput over the oracle's, per size.
     pub auto_over_oracle: Vec<Option<f64>>,
+    /// How many paired rounds each ratio is the median of (0: no round
+    /// ran both, the ratio is of their best rounds).
+    pub auto_over_oracle_rounds: Vec<usize>,
     /// Smallest size at which Auto leaves the CPU (from the model).
     pub break_even: Option<usize>,
 }
@@ -232,17 +235,22 @@ pub async fn measure(
 /// The median, over the rounds in which both ran, of target `a`'s
 /// throughput over target `b`'s: a paired comparison, so that a slow spell
 /// of the host touches both sides of each ratio. `None` with no such round.
-fn paired_ratio(by_round: &[Vec<Option<f64>>], a: usize, b: usize) -> Option<f64> {
-    median(
-        by_round
-            .iter()
-            .filter_map(|r| match (r[a], r[b]) {
-                (Some(x), Some(y)) if y > 0.0 => Some(x / y),
-                _ => None,
-            })
-            .collect(),
-    )
+/// With the number of rounds it is the median of.
+fn paired_ratio(by_round: &[Vec<Option<f64>>], a: usize, b: usize) -> Option<(f64, usize)> {
+    let ratios: Vec<f64> = by_round
+        .iter()
+        .filter_map(|r| match (r[a], r[b]) {
+            (Some(x), Some(y)) if y > 0.0 => Some(x / y),
+            _ => None,
+        })
+        .collect();
+    let n = ratios.len();
+    median(ratios).map(|m| (m, n))
 }
+
+/// Paired rounds below which an Auto/oracle ratio is flagged as noise (a
+/// request that outlasts the round leaves a size few rounds).
+const MIN_PAIRED_ROUNDS: usize = 5;
 
 /// The median of `values` (the mean of the middle two for an even count);
 /// `None` when empty.
@@ -349,7 +357,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
         }
         targets.push(("auto".to_owned(), auto.clone()));
         let mut rows: Vec<Vec<Option<Point>>> = vec![Vec::new(); targets.len()];
-        let mut paired: Vec<Vec<Option<f64>>> = Vec::new();
+        let mut paired: Vec<Vec<Option<(f64, usize)>>> = Vec::new();
         for &size in &sizes {
             if !fits(alg, size) {
                 rows.iter_mut().for_each(|r| r.push(None));
@@ -416,23 +424,26 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
             .collect();
         let mut oracle = Vec::new();
         let mut ratio = Vec::new();
+        let mut ratio_rounds = Vec::new();
         for (i, a) in auto_points.iter().enumerate() {
             let best = backends
                 .iter()
                 .enumerate()
                 .filter_map(|(t, s)| s.points[i].as_ref().map(|p| (t, p.throughput)))
                 .max_by(|x, y| x.1.total_cmp(&y.1));
-            ratio.push(match (a, best) {
+            let (r, rounds) = match (a, best) {
                 // The median of the rounds' Auto/oracle ratios where both
                 // ran in the round; the best rounds' ratio otherwise.
-                (Some(a), Some((t, b))) => Some(
-                    paired
-                        .get(i)
-                        .and_then(|p| p.get(t).copied().flatten())
-                        .unwrap_or(a.throughput / b),
-                ),
-                _ => None,
-            });
+                (Some(a), Some((t, b))) => {
+                    match paired.get(i).and_then(|p| p.get(t).copied().flatten()) {
+                        Some((r, n)) => (Some(r), n),
+                        None => (Some(a.throughput / b), 0),
+                    }
+                }
+                _ => (None, 0),
+            };
+            ratio.push(r);
+            ratio_rounds.push(rounds);
             oracle.push(best.map(|(t, b)| (backends[t].backend.clone(), b)));
         }
         results.push(AlgBench {
@@ -448,6 +459,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
             auto_choice,
             oracle,
             auto_over_oracle: ratio,
+            auto_over_oracle_rounds: ratio_rounds,
             break_even: auto.break_even(alg, Direction::Encrypt),
         });
     }
@@ -500,23 +512,37 @@ fn print_table(r: &AlgBench) {
         }
         match (&r.auto.points[i], &r.oracle[i], r.auto_over_oracle[i]) {
             (Some(a), Some((name, _)), Some(ratio)) => println!(
-                " | {:>8.3} ({:>11}) | {:>12} | {:>6.3}",
+                " | {:>8.3} ({:>11}) | {:>12} | {:>6.3}{}",
                 a.throughput / 1e9,
                 r.auto_choice[i],
                 name,
-                ratio
+                ratio,
+                if r.auto_over_oracle_rounds[i] < MIN_PAIRED_ROUNDS {
+                    "*"
+                } else {
+                    ""
+                }
             ),
             _ => println!(" | {:>22} | {:>12} | {:>6}", "-", "-", "-"),
         }
     }
-    if let Some(min) = r
-        .auto_over_oracle
-        .iter()
-        .flatten()
-        .copied()
+    let well_measured = |i: &usize| r.auto_over_oracle_rounds[*i] >= MIN_PAIRED_ROUNDS;
+    let flagged = (0..r.sizes.len())
+        .filter(|i| r.auto_over_oracle[*i].is_some() && !well_measured(i))
+        .count();
+    if let Some(min) = (0..r.sizes.len())
+        .filter(well_measured)
+        .filter_map(|i| r.auto_over_oracle[i])
         .reduce(f64::min)
     {
         println!("min auto/oracle over sizes: {min:.3}");
+    }
+    if flagged > 0 {
+        println!(
+            "* {flagged} size(s) had fewer than {MIN_PAIRED_ROUNDS} paired rounds (requests outlast \
+             the {} ms rounds): noise, left out of the minimum; raise --time-ms",
+            ROUND.as_millis()
+        );
     }
 }
 
@@ -540,7 +566,7 @@ mod tests {
             vec![Some(3.0), None],
             vec![Some(1.8), Some(1.0)],
         ];
-        assert_eq!(paired_ratio(&rounds, 0, 1), Some(2.0));
+        assert_eq!(paired_ratio(&rounds, 0, 1), Some((2.0, 3)));
         assert_eq!(paired_ratio(&rounds[2..3], 0, 1), None);
     }
 }
