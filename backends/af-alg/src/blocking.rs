@@ -56,6 +56,23 @@ macro_rules! bound_accessors {
             self.timeout = Some(timeout);
             self
         }
+
+        /// Hands operations of `min_len` bytes or more to the kernel by
+        /// `vmsplice`/`splice` (its pages, no copy) instead of `sendmsg`
+        /// (a copy into the socket); `None` always copies. The default,
+        /// 16 KiB, is where splicing measured cheaper (the crate's README);
+        /// a kernel that refuses it gets copies. Applies to this transform
+        /// and its clones.
+        pub fn with_splice_from(self, min_len: Option<usize>) -> Self {
+            self.shared.tfm.set_splice_from(min_len);
+            self
+        }
+
+        /// From which length operations are spliced; `None` if never
+        /// (asked so, or the kernel refused a splice).
+        pub fn splice_from(&self) -> Option<usize> {
+            self.shared.tfm.splice_from()
+        }
     };
 }
 pub(crate) use bound_accessors;

@@ -78,8 +78,12 @@ pub struct Engine {
     /// The largest request the driver takes in one operation, where one is
     /// known beyond the socket's own limit.
     pub max_request: Option<usize>,
-    /// The buffer alignment the engine needs for zero-copy DMA, in bytes (1:
-    /// none known; the kernel copies misaligned data itself, at a cost).
+    /// The address alignment the driver wants of each piece of a request,
+    /// in bytes (1: none known). Copied data is page-aligned in the
+    /// socket; spliced data keeps the caller's alignment, so a request is
+    /// spliced only where its buffer has this alignment (a misaligned one
+    /// would make the driver copy it to a bounce buffer, or give up on the
+    /// engine and compute it on the CPU).
     pub align: usize,
 }
 
@@ -103,13 +107,27 @@ const VIRTIO_CRYPTO: Engine = Engine {
     ..engine(Family::VirtioCrypto, "virtio_crypto", true)
 };
 
+/// Drivers that check every scatterlist entry's offset for 4-byte
+/// alignment: `omap_crypto_align_sg` and `stm32_cryp_check_aligned` copy a
+/// misaligned request to a bounce buffer; `sun8i_ce_cipher_need_fallback`
+/// sends it to the software fallback instead of the engine.
+const ALIGN_4_OMAP: Engine = Engine {
+    align: 4,
+    ..engine(Family::Omap, "omap", true)
+};
+const ALIGN_4_SUN8I_CE: Engine = Engine {
+    align: 4,
+    ..engine(Family::Sun8iCe, "sun8i-ce", true)
+};
+const ALIGN_4_STM32: Engine = Engine {
+    align: 4,
+    ..engine(Family::Stm32, "stm32", true)
+};
+
 /// Hardware first: `sun8i-ce` must not read as ARM's `-ce`.
 const TABLE: &[(Pattern, Engine)] = &[
     (Pattern::Contains("virtio_crypto"), VIRTIO_CRYPTO),
-    (
-        Pattern::Contains("-omap"),
-        engine(Family::Omap, "omap", true),
-    ),
+    (Pattern::Contains("-omap"), ALIGN_4_OMAP),
     (Pattern::Contains("-qce"), engine(Family::Qce, "qce", true)),
     (
         Pattern::Prefix("safexcel-"),
@@ -133,14 +151,8 @@ const TABLE: &[(Pattern, Engine)] = &[
         Pattern::Prefix("hisi_sec"),
         engine(Family::Hisi, "hisi", true),
     ),
-    (
-        Pattern::Contains("sun8i-ce"),
-        engine(Family::Sun8iCe, "sun8i-ce", true),
-    ),
-    (
-        Pattern::Prefix("stm32-"),
-        engine(Family::Stm32, "stm32", true),
-    ),
+    (Pattern::Contains("sun8i-ce"), ALIGN_4_SUN8I_CE),
+    (Pattern::Prefix("stm32-"), ALIGN_4_STM32),
     (
         Pattern::Contains("-rk"),
         engine(Family::Rockchip, "rockchip", true),
@@ -223,6 +235,10 @@ mod tests {
             ("something-new", Family::Unknown, false),
         ];
         assert_eq!(classify("virtio_crypto_aes_cbc").max_request, Some(65536));
+        for driver in ["cbc-aes-omap", "cbc-aes-sun8i-ce", "stm32-cbc-aes"] {
+            assert_eq!(classify(driver).align, 4, "{driver}");
+        }
+        assert_eq!(classify("virtio_crypto_aes_cbc").align, 1);
         for (driver, family, hardware) in cases {
             let e = classify(driver);
             assert_eq!((e.family, e.hardware), (family, hardware), "{driver}");

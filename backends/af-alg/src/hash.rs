@@ -162,6 +162,19 @@ impl Crc {
         self
     }
 
+    /// Splices operations from `min_len` bytes: see
+    /// [`Hash::with_splice_from`].
+    pub fn with_splice_from(mut self, min_len: Option<usize>) -> Self {
+        self.hash = self.hash.with_splice_from(min_len);
+        self
+    }
+
+    /// From which length operations are spliced: see
+    /// [`Hash::splice_from`].
+    pub fn splice_from(&self) -> Option<usize> {
+        self.hash.splice_from()
+    }
+
     /// The kind.
     pub fn kind(&self) -> CrcKind {
         self.kind

@@ -242,7 +242,9 @@ impl Skcipher {
             self.shared.give_back(op);
             return Err(Failed { error, buf });
         }
-        let sent = op.send(
+        // Copied, never spliced: a dropped future frees `buf` while the
+        // read may still run, and spliced pages would be read from it.
+        let sent = op.send_copy(
             Control {
                 encrypt: Some(encrypt),
                 iv: (self.mode.iv_len() > 0).then_some(&iv[..]),
@@ -368,14 +370,12 @@ fn crypt(
     let has_iv = mode.iv_len() > 0;
     let step = limit.max(16);
     for (piece, out) in input.chunks(step).zip(output.chunks_mut(step)) {
-        op.send(
-            Control {
-                encrypt: Some(encrypt),
-                iv: has_iv.then_some(&iv[..]),
-                ..Control::default()
-            },
-            &[IoSlice::new(piece)],
-        )?;
+        let control = Control {
+            encrypt: Some(encrypt),
+            iv: has_iv.then_some(&iv[..]),
+            ..Control::default()
+        };
+        op.send(control, &[IoSlice::new(piece)])?;
         let got = op.recv(&mut [IoSliceMut::new(out)])?;
         if got != piece.len() {
             return Err(Error::Io {

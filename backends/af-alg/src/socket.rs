@@ -7,6 +7,11 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags, fcntl, splice, vmsplice};
 
 use nix::sys::socket::{
     AddressFamily, AlgAddr, ControlMessage, MsgFlags, SockFlag, SockType, accept, bind, getsockopt,
@@ -24,6 +29,10 @@ const NAME_MAX: usize = 64;
 /// kernel caps them at twice `net.core.wmem_max` / `rmem_max` (416 KiB by
 /// default); one operation takes at most what they hold.
 pub(crate) const SOCKET_BUFFER: usize = 1 << 20;
+
+/// Operations of this many bytes or more are spliced rather than copied
+/// into the socket (see `SPLICE` in the crate's README for the measurement).
+pub(crate) const SPLICE_FROM: usize = 16 * 1024;
 
 /// What one operation may carry with these socket buffers: what
 /// `af_alg_sendmsg` queues without waiting for a reader (the send buffer in
@@ -60,6 +69,11 @@ pub(crate) struct Transform {
     /// The most one operation may carry for this driver (its engine's
     /// quirk), before the socket's own limit.
     max_operation: usize,
+    /// The address alignment its driver wants of spliced data.
+    align: usize,
+    /// Operations of this many bytes or more are spliced; `usize::MAX`
+    /// once the kernel has refused a splice.
+    splice_from: Arc<AtomicUsize>,
 }
 
 impl Transform {
@@ -92,18 +106,35 @@ impl Transform {
         } else {
             bound_driver(kind, name)
         };
-        let max_operation = match driver.as_deref() {
-            Some(d) => crate::engine::classify(d).max_request.unwrap_or(usize::MAX),
-            // An engine we cannot name may have a limit we cannot look up:
-            // stay within the smallest one the table knows.
-            None => UNKNOWN_DRIVER_OPERATION,
+        let (max_operation, align) = match driver.as_deref() {
+            Some(d) => {
+                let engine = crate::engine::classify(d);
+                (engine.max_request.unwrap_or(usize::MAX), engine.align)
+            }
+            // An engine we cannot name may have limits we cannot look up:
+            // stay within the smallest the table knows.
+            None => (UNKNOWN_DRIVER_OPERATION, UNKNOWN_DRIVER_ALIGN),
         };
         Ok(Transform {
             fd,
             name: name.to_owned(),
             driver,
             max_operation,
+            align,
+            splice_from: Arc::new(AtomicUsize::new(SPLICE_FROM)),
         })
+    }
+
+    /// Sends operations of `min_len` bytes or more by `vmsplice`/`splice`
+    /// (`None`: always copy). Applies to this transform's operation sockets.
+    pub(crate) fn set_splice_from(&self, min_len: Option<usize>) {
+        self.splice_from
+            .store(min_len.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
+    /// The splice threshold; `None` if copying always.
+    pub(crate) fn splice_from(&self) -> Option<usize> {
+        Some(self.splice_from.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
     }
 
     /// The implementation the kernel bound (from `/proc/crypto`: the name
@@ -144,7 +175,13 @@ impl Transform {
         let send = getsockopt(&fd, sockopt::SndBuf).unwrap_or(0);
         let receive = getsockopt(&fd, sockopt::RcvBuf).unwrap_or(0);
         let limit = operation_limit(send, receive, page_size()).min(self.max_operation);
-        Ok(Op { fd, limit })
+        Ok(Op {
+            fd,
+            limit,
+            splice_from: self.splice_from.clone(),
+            align: self.align,
+            pipe: Mutex::new(None),
+        })
     }
 }
 
@@ -155,6 +192,37 @@ pub(crate) struct Op {
     /// The most data one operation (one `sendmsg` without `MSG_MORE`) may
     /// carry without blocking.
     limit: usize,
+    /// Its transform's splice threshold.
+    splice_from: Arc<AtomicUsize>,
+    /// The address alignment its driver wants of spliced data.
+    align: usize,
+    /// The pipe spliced input passes through (read end, write end), made on
+    /// first use.
+    pipe: Mutex<Option<(OwnedFd, OwnedFd)>>,
+}
+
+/// Whether `data` (`total` bytes) is spliced: from the threshold up, and
+/// only if every piece starts at the driver's alignment (a copy lands
+/// page-aligned).
+fn splices(data: &[IoSlice<'_>], total: usize, from: usize, align: usize) -> bool {
+    total > 0
+        && total >= from
+        && data
+            .iter()
+            .all(|d| d.is_empty() || (d.as_ptr() as usize).is_multiple_of(align.max(1)))
+}
+
+/// What became of a spliced send.
+enum Spliced {
+    Sent,
+    Refused(Option<Errno>),
+}
+
+fn short(op: &'static str) -> Error {
+    Error::Io {
+        op,
+        source: std::io::Error::other("the kernel took no data"),
+    }
 }
 
 /// What one `sendmsg` carries besides its data.
@@ -180,7 +248,122 @@ impl Op {
     }
 
     /// Sends `data` (all of it) with its control messages.
+    /// From the transform's splice threshold up, the data's pages go to the
+    /// kernel by `vmsplice`/`splice` instead of being copied; where the
+    /// kernel refuses that, this copies, and so does the transform from then
+    /// on.
     pub(crate) fn send(&self, control: Control<'_>, data: &[IoSlice<'_>]) -> Result<(), Error> {
+        let total: usize = data.iter().map(|d| d.len()).sum();
+        if splices(
+            data,
+            total,
+            self.splice_from.load(Ordering::Relaxed),
+            self.align,
+        ) {
+            match self.send_spliced(control, data, total)? {
+                Spliced::Sent => return Ok(()),
+                Spliced::Refused(errno) => {
+                    if errno.is_some() {
+                        tracing::debug!(?errno, "splice refused; copying from now on");
+                        self.splice_from.store(usize::MAX, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        self.send_copy(control, data)
+    }
+
+    /// Sends `data` (all of it) with its control messages, copied into the
+    /// socket whatever its length.
+    pub(crate) fn send_copy(
+        &self,
+        control: Control<'_>,
+        data: &[IoSlice<'_>],
+    ) -> Result<(), Error> {
+        self.send_with(control, data, MsgFlags::empty())
+    }
+
+    /// Sends `data` (`total` bytes) as one operation without copying it:
+    /// the control messages by `sendmsg(MSG_MORE)`, the pages by `vmsplice`
+    /// into this socket's pipe and `splice` from it into the socket (the
+    /// kernel holds references to them until the operation has been read).
+    ///
+    /// `Refused` when the kernel takes no data this way (the socket is then
+    /// as if nothing had been sent, and its pipe empty): with the errno if
+    /// the kernel refused, without if no pipe could be had this time.
+    fn send_spliced(
+        &self,
+        control: Control<'_>,
+        data: &[IoSlice<'_>],
+        total: usize,
+    ) -> Result<Spliced, Error> {
+        let mut pipe = self.pipe.lock().unwrap_or_else(|p| p.into_inner());
+        if pipe.is_none() {
+            let Ok(p) = nix::unistd::pipe2(OFlag::O_CLOEXEC) else {
+                return Ok(Spliced::Refused(None));
+            };
+            // Fewer rounds with a pipe as large as an operation; the
+            // default (16 pages) still works.
+            let want = i32::try_from(self.limit).unwrap_or(i32::MAX);
+            let _ = fcntl(&p.1, FcntlArg::F_SETPIPE_SZ(want));
+            *pipe = Some(p);
+        }
+        let Some((read_end, write_end)) = pipe.as_ref() else {
+            return Ok(Spliced::Refused(None));
+        };
+        let mut slices = data.to_vec();
+        let mut rest: &mut [IoSlice<'_>] = &mut slices;
+        let mut remaining = total;
+        let mut moved_any = false;
+        while remaining > 0 {
+            let queued = match vmsplice(write_end, rest, SpliceFFlags::empty()) {
+                Ok(n) if n > 0 => n,
+                Ok(_) => return Err(short("vmsplice")),
+                Err(e) if !moved_any => return Ok(Spliced::Refused(Some(e))),
+                Err(e) => return Err(Error::sys("vmsplice", "", e)),
+            };
+            if !moved_any {
+                let more = MsgFlags::from_bits_retain(nix::libc::MSG_MORE);
+                if let Err(e) = self.send_with(control, &[], more) {
+                    *pipe = None; // its pages are not wanted
+                    return Err(e);
+                }
+            }
+            // Without SPLICE_F_MORE on its last page the operation is
+            // complete: only the last round goes without.
+            let flags = if queued < remaining {
+                SpliceFFlags::SPLICE_F_MORE
+            } else {
+                SpliceFFlags::empty()
+            };
+            let mut left = queued;
+            while left > 0 {
+                match splice(read_end, None, &self.fd, None, left, flags) {
+                    Ok(n) if n > 0 => left -= n,
+                    Ok(_) => return Err(short("splice")),
+                    Err(e) if !moved_any => {
+                        // Nothing reached the socket (which still waits for
+                        // its data after MSG_MORE): empty the pipe by
+                        // dropping it and let the caller copy.
+                        *pipe = None;
+                        return Ok(Spliced::Refused(Some(e)));
+                    }
+                    Err(e) => return Err(Error::sys("splice", "", e)),
+                }
+                moved_any = true;
+            }
+            remaining -= queued;
+            IoSlice::advance_slices(&mut rest, queued);
+        }
+        Ok(Spliced::Sent)
+    }
+
+    fn send_with(
+        &self,
+        control: Control<'_>,
+        data: &[IoSlice<'_>],
+        flags: MsgFlags,
+    ) -> Result<(), Error> {
         let op = control.encrypt.map(libc_op);
         let mut cmsgs = Vec::with_capacity(3);
         if let Some(op) = &op {
@@ -194,7 +377,7 @@ impl Op {
             cmsgs.push(ControlMessage::AlgSetAeadAssoclen(len));
         }
         let total: usize = data.iter().map(|d| d.len()).sum();
-        let sent = sendmsg::<AlgAddr>(self.fd.as_raw_fd(), data, &cmsgs, MsgFlags::empty(), None)
+        let sent = sendmsg::<AlgAddr>(self.fd.as_raw_fd(), data, &cmsgs, flags, None)
             .map_err(|e| Error::sys("sendmsg", "", e))?;
         if sent != total {
             return Err(Error::Io {
@@ -219,6 +402,10 @@ impl Op {
 /// The most one operation carries when `/proc/crypto` cannot say which
 /// driver was bound.
 const UNKNOWN_DRIVER_OPERATION: usize = 64 * 1024;
+
+/// The alignment spliced data needs when `/proc/crypto` cannot say which
+/// driver was bound: the strictest the table knows.
+const UNKNOWN_DRIVER_ALIGN: usize = 4;
 
 /// Which driver binding `name` as `kind` reaches, by `/proc/crypto`: the
 /// highest priority, the first listed on a tie (as the kernel's lookup).
@@ -251,6 +438,20 @@ fn libc_op(encrypt: bool) -> nix::libc::c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn splicing_needs_the_threshold_and_the_drivers_alignment() {
+        let buf = [0u8; 64];
+        // The first offset into `buf` at a 4-byte-aligned address.
+        let aligned = (4 - buf.as_ptr() as usize % 4) % 4;
+        let one = |o: usize| [IoSlice::new(&buf[o..o + 32])];
+        assert!(splices(&one(aligned), 32, 16, 4));
+        assert!(!splices(&one(aligned), 32, 33, 4), "below the threshold");
+        assert!(!splices(&one(aligned + 1), 32, 16, 4), "misaligned");
+        assert!(splices(&one(aligned + 1), 32, 16, 1), "no alignment wanted");
+        assert!(!splices(&[], 0, 0, 1), "nothing to send");
+        assert!(!splices(&one(aligned), 32, usize::MAX, 1), "off");
+    }
 
     #[test]
     fn the_operation_limit_follows_both_buffers_in_pages() {

@@ -100,6 +100,12 @@ fn reference(mode: Mode, encrypt: bool, key: &[u8], iv: &[u8], data: &mut [u8]) 
     }
 }
 
+/// `iv` as a big-endian 128-bit counter, `blocks` on.
+fn ctr_add(iv: &[u8], blocks: usize) -> Vec<u8> {
+    let n = u128::from_be_bytes(iv.try_into().unwrap()).wrapping_add(blocks as u128);
+    n.to_be_bytes().to_vec()
+}
+
 fn valid_len(mode: Mode, len: usize) -> usize {
     match mode {
         Mode::Ecb | Mode::Cbc => len / 16 * 16,
@@ -128,8 +134,10 @@ proptest! {
         key_pick in 0usize..3,
         key_seed in any::<[u8; 64]>(),
         iv in any::<[u8; 16]>(),
-        len in 0usize..3000,
+        len in 0usize..40_000,
+        split in 0usize..40_000,
         fill in any::<u8>(),
+        splice in any::<bool>(),
     ) {
         if !af_alg() { return Ok(()); }
         let key_len = mode.key_lens()[key_pick % mode.key_lens().len()];
@@ -141,7 +149,7 @@ proptest! {
         let rt = rt();
         for driver in bindings(mode.generic_name(), "skcipher") {
             let s = match Skcipher::bind(mode, driver.as_deref(), &key) {
-                Ok(s) => s,
+                Ok(s) => s.with_splice_from(splice.then_some(0)),
                 // A driver that does not take this key size (virtio-crypto
                 // devices may not) is no failure of the binding.
                 Err(Error::InvalidParameter { .. }) if driver.is_some() => continue,
@@ -150,9 +158,27 @@ proptest! {
             let mut want = plain.clone();
             reference(mode, true, &key, iv, &mut want);
             let got = rt.block_on(s.encrypt(iv, plain.clone())).unwrap();
-            prop_assert_eq!(&got, &want, "{:?} {:?} encrypt len {}", mode, driver, len);
+            prop_assert!(got == want, "{:?} {:?} encrypt len {} splice {}", mode, driver, len, splice);
             let back = rt.block_on(s.decrypt(iv, got)).unwrap();
-            prop_assert_eq!(&back, &plain, "{:?} {:?} decrypt len {}", mode, driver, len);
+            prop_assert!(back == plain, "{:?} {:?} decrypt len {} splice {}", mode, driver, len, splice);
+            // 6.1 splices: no refusal made the transform fall back to copies.
+            prop_assert_eq!(s.splice_from(), splice.then_some(0));
+            // Two requests split at a block boundary, the second from the
+            // first's chained IV, make the whole message's ciphertext.
+            if mode != Mode::Xts {
+                let at = split.min(len) / 16 * 16;
+                let first = rt.block_on(s.encrypt(iv, plain[..at].to_vec())).unwrap();
+                let next_iv = match mode {
+                    Mode::Cbc if at > 0 => first[at - 16..].to_vec(),
+                    Mode::Ctr => ctr_add(iv, at / 16),
+                    _ => iv.to_vec(),
+                };
+                let second = rt.block_on(s.encrypt(&next_iv, plain[at..].to_vec())).unwrap();
+                prop_assert!(
+                    first == want[..at] && second == want[at..],
+                    "{:?} {:?} split {} of {} splice {}", mode, driver, at, len, splice
+                );
+            }
         }
     }
 
@@ -162,36 +188,50 @@ proptest! {
         key_seed in any::<[u8; 32]>(),
         nonce in any::<[u8; 12]>(),
         aad in prop::collection::vec(any::<u8>(), 0..64),
-        len in 0usize..3000,
+        len in 0usize..40_000,
+        splice in any::<bool>(),
     ) {
         if !af_alg() { return Ok(()); }
         let key = &key_seed[..[16, 24, 32][key_pick]];
         let plain: Vec<u8> = (0..len).map(|i| i as u8).collect();
         let rt = rt();
         for driver in bindings("gcm(aes)", "aead") {
-            let g = Aead::bind(driver.as_deref(), key).unwrap();
+            let g = Aead::bind(driver.as_deref(), key).unwrap().with_splice_from(splice.then_some(0));
             let mut want = plain.clone();
             let want_tag = fb::Gcm::new(key).unwrap().seal_in_place_detached(&nonce, &aad, &mut want).unwrap();
             let (ct, tag) = rt.block_on(g.seal(nonce, &aad, plain.clone())).unwrap();
-            prop_assert_eq!(&ct, &want);
+            prop_assert!(ct == want, "{:?} seal len {} splice {}", driver, len, splice);
             prop_assert_eq!(tag, want_tag);
             let back = rt.block_on(g.open(nonce, &aad, ct, tag)).unwrap();
-            prop_assert_eq!(&back, &plain);
+            prop_assert!(back == plain, "{:?} open len {} splice {}", driver, len, splice);
+            prop_assert_eq!(g.splice_from(), splice.then_some(0));
         }
     }
 
     #[test]
-    fn crcs_match_the_fallback(data in prop::collection::vec(any::<u8>(), 0..5000)) {
+    fn crcs_match_the_fallback(
+        data in prop::collection::vec(any::<u8>(), 0..40_000),
+        split in 0usize..40_000,
+        splice in any::<bool>(),
+    ) {
         if !af_alg() { return Ok(()); }
         let rt = rt();
+        let at = split.min(data.len());
         for (kind, alg) in [
             (CrcKind::Crc32, fb::CrcAlg::Crc32IsoHdlc),
             (CrcKind::Crc32c, fb::CrcAlg::Crc32Iscsi),
             (CrcKind::Crc64Nvme, fb::CrcAlg::Crc64Nvme),
         ] {
-            let c = Crc::bind(kind, None).unwrap();
+            let c = Crc::bind(kind, None).unwrap().with_splice_from(splice.then_some(0));
             let (_, got) = rt.block_on(c.checksum(data.clone())).unwrap();
-            prop_assert_eq!(got, fb::checksum(alg, &data), "{:?}", kind);
+            let whole = fb::checksum(alg, &data);
+            prop_assert_eq!(got, whole, "{:?} len {} splice {}", kind, data.len(), splice);
+            // Two pieces checksummed apart combine into the whole's.
+            let (_, a) = rt.block_on(c.checksum(data[..at].to_vec())).unwrap();
+            let (_, b) = rt.block_on(c.checksum(data[at..].to_vec())).unwrap();
+            let combined = fb::combine(alg, a, b, (data.len() - at) as u64);
+            prop_assert_eq!(combined, whole, "{:?} split {} of {}", kind, at, data.len());
+            prop_assert_eq!(c.splice_from(), splice.then_some(0));
         }
     }
 }
@@ -521,5 +561,47 @@ fn aio_requests_match_the_fallback_on_every_cbc_driver() {
         let f = rt.block_on(s.crypt_aio(true, &[0; 16], big)).unwrap_err();
         assert!(matches!(f.error, Error::TooLarge { .. }));
         assert!(f.buf.iter().all(|&b| b == 1));
+    }
+}
+
+/// Where the kernel refuses `vmsplice` or `splice` (a kernel without them,
+/// or a seccomp policy: here a filter on the test's own thread returns
+/// `ENOSYS`), a request that would splice is copied instead and succeeds,
+/// and so do the ones after it.
+#[test]
+fn a_refused_splice_falls_back_to_copying() {
+    if !af_alg() {
+        return;
+    }
+    for (name, refused) in [
+        ("vmsplice", nix::libc::SYS_vmsplice),
+        ("splice", nix::libc::SYS_splice),
+    ] {
+        let s = Skcipher::bind(Mode::Cbc, None, &[7; 16])
+            .unwrap()
+            .with_splice_from(Some(0));
+        let plain: Vec<u8> = (0..64 * 1024).map(|i| i as u8).collect();
+        let mut want = plain.clone();
+        reference(Mode::Cbc, true, &[7; 16], &[1; 16], &mut want);
+        std::thread::spawn(move || {
+            let filter = seccompiler::SeccompFilter::new(
+                [(refused, vec![])].into_iter().collect(),
+                seccompiler::SeccompAction::Allow,
+                seccompiler::SeccompAction::Errno(nix::libc::ENOSYS as u32),
+                std::env::consts::ARCH.try_into().unwrap(),
+            )
+            .unwrap();
+            let program: seccompiler::BpfProgram = filter.try_into().unwrap();
+            seccompiler::apply_filter(&program).unwrap();
+            for _ in 0..3 {
+                let mut data = plain.clone();
+                s.crypt_blocking(true, &[1; 16], &mut data)
+                    .unwrap_or_else(|e| panic!("{name} refused: {e}"));
+                assert!(data == want, "{name} refused: wrong ciphertext");
+            }
+            assert_eq!(s.splice_from(), None, "{name} refused: still splicing");
+        })
+        .join()
+        .unwrap();
     }
 }
