@@ -32,6 +32,9 @@ pub struct AfAlgBackend {
     devices: Vec<std::path::PathBuf>,
     /// The driver bound for each algorithm it runs.
     drivers: Vec<(Algorithm, String)>,
+    /// Sessions bind by generic name ("cbc(aes)"), the kernel choosing the
+    /// driver (`drivers` then says which it ranks first).
+    generic: bool,
     limit: usize,
 }
 
@@ -90,6 +93,34 @@ impl AfAlgBackend {
         Ok(b)
     }
 
+    /// A backend named `name` that binds every algorithm by its generic
+    /// name (`cbc(aes)`, `gcm(aes)`, `crc32c` …): whichever driver the kernel
+    /// ranks first, CPU-backed ones included — what a program that names no
+    /// driver gets from AF_ALG. Its power domain covers the drivers ranked
+    /// first now.
+    ///
+    /// # Errors
+    /// AF_ALG is unavailable, or it runs none of this crate's algorithms.
+    pub fn generic(name: &str) -> Result<AfAlgBackend, Unavailable> {
+        af::probe().map_err(|e| Unavailable(af::unavailable_reason(&e)))?;
+        let table =
+            af::proc_crypto::read().map_err(|e| Unavailable(format!("/proc/crypto: {e}")))?;
+        // What the kernel's lookup considers: tested, not internal.
+        let regs: Vec<_> = table
+            .into_iter()
+            .filter(|r| r.selftest_passed && !r.internal && r.af_alg_type().is_some())
+            .collect();
+        let mut b = AfAlgBackend::from_registered(name, &regs);
+        b.generic = true;
+        let b = b.bindable_only();
+        if b.drivers.is_empty() {
+            return Err(Unavailable(
+                "AF_ALG runs none of this crate's algorithms".to_owned(),
+            ));
+        }
+        Ok(b)
+    }
+
     fn from_registered(name: &str, regs: &[af::proc_crypto::Registered]) -> AfAlgBackend {
         let mut best: Vec<(Algorithm, i32, String)> = Vec::new();
         for r in regs {
@@ -121,6 +152,7 @@ impl AfAlgBackend {
                 .unwrap_or_default(),
             power: pm.map(|pm| PowerDomain::new(name, SysfsPower(pm), AUTOSUSPEND_DELAY)),
             drivers: best.into_iter().map(|(a, _, d)| (a, d)).collect(),
+            generic: false,
             limit: af::operation_limit(),
         }
     }
@@ -136,7 +168,9 @@ impl AfAlgBackend {
     /// refuse 192-bit keys within a listed range — which a session would
     /// otherwise learn at open, with the engine's breaker opened for it.
     fn bindable_only(mut self) -> AfAlgBackend {
-        self.drivers.retain(|(alg, driver)| bindable(*alg, driver));
+        let generic = self.generic;
+        self.drivers
+            .retain(|(alg, driver)| bindable(*alg, (!generic).then_some(driver.as_str())));
         self
     }
 
@@ -163,9 +197,13 @@ impl AfAlgBackend {
             .map_or(self.limit, |e| e.min(self.limit))
     }
 
-    fn driver_or_unsupported(&self, alg: Algorithm) -> Result<&str, BackendError> {
-        self.driver(alg)
-            .ok_or_else(|| BackendError::Unsupported(format!("{} on {}", alg.name(), self.name)))
+    /// What a session for `alg` binds: its driver's name, or `None` for the
+    /// generic name.
+    fn binding(&self, alg: Algorithm) -> Result<Option<&str>, BackendError> {
+        let driver = self
+            .driver(alg)
+            .ok_or_else(|| BackendError::Unsupported(format!("{} on {}", alg.name(), self.name)))?;
+        Ok((!self.generic).then_some(driver))
     }
 }
 
@@ -262,8 +300,9 @@ fn algorithms_of(r: &af::proc_crypto::Registered) -> Vec<Algorithm> {
     out
 }
 
-/// Whether `driver` binds for `alg` with a key of its size.
-fn bindable(alg: Algorithm, driver: &str) -> bool {
+/// Whether `driver` (`None`: the generic name) binds for `alg` with a key
+/// of its size.
+fn bindable(alg: Algorithm, driver: Option<&str>) -> bool {
     // Distinct XTS halves: byte i and i + 32 differ.
     let key = |len: usize| -> Vec<u8> {
         (0..len)
@@ -271,11 +310,9 @@ fn bindable(alg: Algorithm, driver: &str) -> bool {
             .collect()
     };
     match alg {
-        Algorithm::Cipher(c) => {
-            af::Skcipher::bind(mode_of(c), Some(driver), &key(c.key_len())).is_ok()
-        }
-        Algorithm::Aead(a) => af::Aead::bind(Some(driver), &key(a.key_len())).is_ok(),
-        Algorithm::Crc(c) => crc_kind(c).is_some_and(|k| af::Crc::bind(k, Some(driver)).is_ok()),
+        Algorithm::Cipher(c) => af::Skcipher::bind(mode_of(c), driver, &key(c.key_len())).is_ok(),
+        Algorithm::Aead(a) => af::Aead::bind(driver, &key(a.key_len())).is_ok(),
+        Algorithm::Crc(c) => crc_kind(c).is_some_and(|k| af::Crc::bind(k, driver).is_ok()),
     }
 }
 
@@ -366,11 +403,11 @@ impl Backend for AfAlgBackend {
         alg: CipherAlg,
         key: &SecretKey,
     ) -> Result<Box<dyn CipherContext>, BackendError> {
-        let driver = self.driver_or_unsupported(alg.into())?;
+        let driver = self.binding(alg.into())?;
         // The device up first, then the transform (whose open is the
         // driver's own runtime-PM get).
         let power = self.power_ref().await?;
-        let s = af::Skcipher::bind(mode_of(alg), Some(driver), key.expose())
+        let s = af::Skcipher::bind(mode_of(alg), driver, key.expose())
             .map_err(backend_error)?
             .with_timeout(REQUEST_TIMEOUT);
         Ok(Box::new(Cipher(s, power)))
@@ -381,24 +418,24 @@ impl Backend for AfAlgBackend {
         alg: AeadAlg,
         key: &SecretKey,
     ) -> Result<Box<dyn AeadContext>, BackendError> {
-        let driver = self.driver_or_unsupported(alg.into())?;
+        let driver = self.binding(alg.into())?;
         // The device up first, then the transform (whose open is the
         // driver's own runtime-PM get).
         let power = self.power_ref().await?;
-        let a = af::Aead::bind(Some(driver), key.expose())
+        let a = af::Aead::bind(driver, key.expose())
             .map_err(backend_error)?
             .with_timeout(REQUEST_TIMEOUT);
         Ok(Box::new(Aead(a, power)))
     }
 
     async fn open_crc(&self, alg: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
-        let driver = self.driver_or_unsupported(alg.into())?;
+        let driver = self.binding(alg.into())?;
         // The device up first, then the transform (whose open is the
         // driver's own runtime-PM get).
         let power = self.power_ref().await?;
         let kind = crc_kind(alg)
             .ok_or_else(|| BackendError::Unsupported(format!("{} on AF_ALG", alg.name())))?;
-        let c = af::Crc::bind(kind, Some(driver))
+        let c = af::Crc::bind(kind, driver)
             .map_err(backend_error)?
             .with_timeout(REQUEST_TIMEOUT);
         Ok(Box::new(Crc(c, power)))

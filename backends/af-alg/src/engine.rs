@@ -6,6 +6,12 @@
 //! engine family, whether it is hardware, and what is known of its limits.
 //! A template instance (`gcm(ctr-aes-qce,ghash-generic)`) takes the family of
 //! the first hardware driver inside it.
+//!
+//! A family is data here — a name pattern, a short name, whether it is
+//! hardware, a request limit, an alignment — with no code of its own, so
+//! there is no cargo feature per family: one would remove a table row and
+//! multiply the build matrix. A family that needs code in the request path
+//! gets a feature with it.
 
 /// How a driver name is matched.
 #[derive(Debug, Clone, Copy)]
