@@ -105,19 +105,26 @@ impl AfAlgBackend {
         af::probe().map_err(|e| Unavailable(af::unavailable_reason(&e)))?;
         let table =
             af::proc_crypto::read().map_err(|e| Unavailable(format!("/proc/crypto: {e}")))?;
-        // What the kernel's lookup considers: tested, not internal.
-        let regs: Vec<_> = table
+        // Each algorithm bound by its generic name once, to learn which
+        // driver the kernel gives it.
+        let mut algs: Vec<Algorithm> = table.iter().flat_map(algorithms_of).collect();
+        algs.sort_by_key(|a| a.name());
+        algs.dedup();
+        let drivers: Vec<(Algorithm, String)> = algs
             .into_iter()
-            .filter(|r| r.selftest_passed && !r.internal && r.af_alg_type().is_some())
+            .filter_map(|alg| Some((alg, bound_driver(alg)?)))
             .collect();
-        let mut b = AfAlgBackend::from_registered(name, &regs);
-        b.generic = true;
-        let b = b.bindable_only();
-        if b.drivers.is_empty() {
+        if drivers.is_empty() {
             return Err(Unavailable(
                 "AF_ALG runs none of this crate's algorithms".to_owned(),
             ));
         }
+        let regs: Vec<_> = table
+            .into_iter()
+            .filter(|r| drivers.iter().any(|(_, d)| *d == r.driver))
+            .collect();
+        let mut b = AfAlgBackend::with_bindings(name, drivers, &regs);
+        b.generic = true;
         Ok(b)
     }
 
@@ -132,9 +139,20 @@ impl AfAlgBackend {
                 }
             }
         }
+        let drivers = best.into_iter().map(|(a, _, d)| (a, d)).collect();
+        AfAlgBackend::with_bindings(name, drivers, regs)
+    }
+
+    /// A backend binding `drivers`, with a power domain over the devices of
+    /// their modules (`regs` lists them).
+    fn with_bindings(
+        name: &str,
+        drivers: Vec<(Algorithm, String)>,
+        regs: &[af::proc_crypto::Registered],
+    ) -> AfAlgBackend {
         let modules: Vec<&str> = regs
             .iter()
-            .filter(|r| best.iter().any(|(_, _, d)| *d == r.driver))
+            .filter(|r| drivers.iter().any(|(_, d)| *d == r.driver))
             .map(|r| r.module.as_str())
             .collect();
         // Only a control this process may switch makes a power domain (a
@@ -151,7 +169,7 @@ impl AfAlgBackend {
                 .map(|p| p.devices().to_vec())
                 .unwrap_or_default(),
             power: pm.map(|pm| PowerDomain::new(name, SysfsPower(pm), AUTOSUSPEND_DELAY)),
-            drivers: best.into_iter().map(|(a, _, d)| (a, d)).collect(),
+            drivers,
             generic: false,
             limit: af::operation_limit(),
         }
@@ -168,9 +186,7 @@ impl AfAlgBackend {
     /// refuse 192-bit keys within a listed range — which a session would
     /// otherwise learn at open, with the engine's breaker opened for it.
     fn bindable_only(mut self) -> AfAlgBackend {
-        let generic = self.generic;
-        self.drivers
-            .retain(|(alg, driver)| bindable(*alg, (!generic).then_some(driver.as_str())));
+        self.drivers.retain(|(alg, driver)| bindable(*alg, driver));
         self
     }
 
@@ -300,15 +316,37 @@ fn algorithms_of(r: &af::proc_crypto::Registered) -> Vec<Algorithm> {
     out
 }
 
-/// Whether `driver` (`None`: the generic name) binds for `alg` with a key
-/// of its size.
-fn bindable(alg: Algorithm, driver: Option<&str>) -> bool {
-    // Distinct XTS halves: byte i and i + 32 differ.
-    let key = |len: usize| -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(97).wrapping_add(13))
-            .collect()
-    };
+/// The driver the kernel binds for `alg`'s generic name with a key of its
+/// size (as `/proc/crypto` tells), if it binds.
+fn bound_driver(alg: Algorithm) -> Option<String> {
+    let key = probe_key;
+    match alg {
+        Algorithm::Cipher(c) => af::Skcipher::bind(mode_of(c), None, &key(c.key_len()))
+            .ok()?
+            .driver()
+            .map(str::to_owned),
+        Algorithm::Aead(a) => af::Aead::bind(None, &key(a.key_len()))
+            .ok()?
+            .driver()
+            .map(str::to_owned),
+        Algorithm::Crc(c) => af::Crc::bind(crc_kind(c)?, None)
+            .ok()?
+            .driver()
+            .map(str::to_owned),
+    }
+}
+
+/// A key for probing bindings: distinct XTS halves (byte i and i + 32
+/// differ).
+fn probe_key(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(97).wrapping_add(13))
+        .collect()
+}
+
+/// Whether `driver` binds for `alg` with a key of its size.
+fn bindable(alg: Algorithm, driver: &str) -> bool {
+    let (key, driver) = (probe_key, Some(driver));
     match alg {
         Algorithm::Cipher(c) => af::Skcipher::bind(mode_of(c), driver, &key(c.key_len())).is_ok(),
         Algorithm::Aead(a) => af::Aead::bind(driver, &key(a.key_len())).is_ok(),

@@ -73,6 +73,12 @@ macro_rules! bound_accessors {
         pub fn splice_from(&self) -> Option<usize> {
             self.shared.tfm.splice_from()
         }
+
+        /// How many operations this transform (with its clones) handed to
+        /// the kernel spliced rather than copied.
+        pub fn spliced_operations(&self) -> u64 {
+            self.shared.tfm.spliced()
+        }
     };
 }
 pub(crate) use bound_accessors;

@@ -113,20 +113,22 @@ const VIRTIO_CRYPTO: Engine = Engine {
     ..engine(Family::VirtioCrypto, "virtio_crypto", true)
 };
 
-/// Drivers that check every scatterlist entry's offset for 4-byte
-/// alignment: `omap_crypto_align_sg` and `stm32_cryp_check_aligned` copy a
-/// misaligned request to a bounce buffer; `sun8i_ce_cipher_need_fallback`
-/// sends it to the software fallback instead of the engine.
+/// Drivers that check every scatterlist entry for a 4-byte-aligned offset
+/// (OMAP and STM32 also for a length in whole blocks): `omap_crypto_align_sg`
+/// and `stm32_cryp_check_aligned` copy a request that fails to a bounce
+/// buffer; `sun8i_ce_cipher_need_fallback` sends it to the software fallback
+/// instead of the engine. Spliced pieces run from the buffer's start to page
+/// boundaries, so a 16-byte-aligned buffer satisfies both.
 const ALIGN_4_OMAP: Engine = Engine {
-    align: 4,
+    align: 16,
     ..engine(Family::Omap, "omap", true)
 };
 const ALIGN_4_SUN8I_CE: Engine = Engine {
-    align: 4,
+    align: 16,
     ..engine(Family::Sun8iCe, "sun8i-ce", true)
 };
 const ALIGN_4_STM32: Engine = Engine {
-    align: 4,
+    align: 16,
     ..engine(Family::Stm32, "stm32", true)
 };
 
@@ -242,7 +244,7 @@ mod tests {
         ];
         assert_eq!(classify("virtio_crypto_aes_cbc").max_request, Some(65536));
         for driver in ["cbc-aes-omap", "cbc-aes-sun8i-ce", "stm32-cbc-aes"] {
-            assert_eq!(classify(driver).align, 4, "{driver}");
+            assert_eq!(classify(driver).align, 16, "{driver}");
         }
         assert_eq!(classify("virtio_crypto_aes_cbc").align, 1);
         for (driver, family, hardware) in cases {

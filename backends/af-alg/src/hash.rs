@@ -175,6 +175,11 @@ impl Crc {
         self.hash.splice_from()
     }
 
+    /// Operations sent spliced: see [`Hash::spliced_operations`].
+    pub fn spliced_operations(&self) -> u64 {
+        self.hash.spliced_operations()
+    }
+
     /// The kind.
     pub fn kind(&self) -> CrcKind {
         self.kind

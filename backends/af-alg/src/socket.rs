@@ -5,13 +5,14 @@
 //! Everything here is synchronous: the calls block while the kernel (or its
 //! engine) works. [`crate::blocking`] moves them off the async workers.
 
+use std::cell::Cell;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use nix::errno::Errno;
-use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags, fcntl, splice, vmsplice};
+use nix::fcntl::{OFlag, SpliceFFlags, splice, vmsplice};
 
 use nix::sys::socket::{
     AddressFamily, AlgAddr, ControlMessage, MsgFlags, SockFlag, SockType, accept, bind, getsockopt,
@@ -71,9 +72,7 @@ pub(crate) struct Transform {
     max_operation: usize,
     /// The address alignment its driver wants of spliced data.
     align: usize,
-    /// Operations of this many bytes or more are spliced; `usize::MAX`
-    /// once the kernel has refused a splice.
-    splice_from: Arc<AtomicUsize>,
+    splicing: Arc<Splicing>,
 }
 
 impl Transform {
@@ -121,20 +120,29 @@ impl Transform {
             driver,
             max_operation,
             align,
-            splice_from: Arc::new(AtomicUsize::new(SPLICE_FROM)),
+            splicing: Arc::new(Splicing {
+                from: AtomicUsize::new(SPLICE_FROM),
+                sent: AtomicU64::new(0),
+            }),
         })
     }
 
     /// Sends operations of `min_len` bytes or more by `vmsplice`/`splice`
     /// (`None`: always copy). Applies to this transform's operation sockets.
     pub(crate) fn set_splice_from(&self, min_len: Option<usize>) {
-        self.splice_from
+        self.splicing
+            .from
             .store(min_len.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
+    /// How many operations were sent spliced rather than copied.
+    pub(crate) fn spliced(&self) -> u64 {
+        self.splicing.sent.load(Ordering::Relaxed)
     }
 
     /// The splice threshold; `None` if copying always.
     pub(crate) fn splice_from(&self) -> Option<usize> {
-        Some(self.splice_from.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
+        Some(self.splicing.from.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
     }
 
     /// The implementation the kernel bound (from `/proc/crypto`: the name
@@ -178,9 +186,9 @@ impl Transform {
         Ok(Op {
             fd,
             limit,
-            splice_from: self.splice_from.clone(),
+            splicing: self.splicing.clone(),
             align: self.align,
-            pipe: Mutex::new(None),
+            splice_max: whole_pages(send, page_size()).saturating_sub(page_size()),
         })
     }
 }
@@ -192,29 +200,78 @@ pub(crate) struct Op {
     /// The most data one operation (one `sendmsg` without `MSG_MORE`) may
     /// carry without blocking.
     limit: usize,
-    /// Its transform's splice threshold.
-    splice_from: Arc<AtomicUsize>,
+    /// Its transform's splicing.
+    splicing: Arc<Splicing>,
     /// The address alignment its driver wants of spliced data.
     align: usize,
-    /// The pipe spliced input passes through (read end, write end), made on
-    /// first use.
-    pipe: Mutex<Option<(OwnedFd, OwnedFd)>>,
+    /// The most one spliced operation may carry: the send buffer in whole
+    /// pages, less a page. Spliced data arrives in pieces that end at page
+    /// boundaries of the caller's buffer, and the kernel takes each piece
+    /// only while a whole page of send buffer is free — an operation of
+    /// the full buffer would wait for room no reader will make.
+    splice_max: usize,
 }
 
-/// Whether `data` (`total` bytes) is spliced: from the threshold up, and
-/// only if every piece starts at the driver's alignment (a copy lands
-/// page-aligned).
-fn splices(data: &[IoSlice<'_>], total: usize, from: usize, align: usize) -> bool {
+/// Whether `data` (`total` bytes) is spliced: from the threshold `from`
+/// up to `max`, and only if every piece starts at the driver's alignment (a
+/// copy lands page-aligned).
+fn splices(data: &[IoSlice<'_>], total: usize, from: usize, max: usize, align: usize) -> bool {
     total > 0
         && total >= from
+        && total <= max
         && data
             .iter()
             .all(|d| d.is_empty() || (d.as_ptr() as usize).is_multiple_of(align.max(1)))
 }
 
+fn whole_pages(bytes: usize, page: usize) -> usize {
+    bytes / page.max(1) * page.max(1)
+}
+
+/// A transform's splicing: its threshold and what it spliced, shared with
+/// its operation sockets.
+#[derive(Debug)]
+struct Splicing {
+    /// Operations of this many bytes or more are spliced; `usize::MAX`
+    /// never (asked so, or the kernel refused a splice).
+    from: AtomicUsize,
+    /// Operations sent spliced.
+    sent: AtomicU64,
+}
+
+thread_local! {
+    /// This thread's pipe for spliced input (read end, write end): taken
+    /// for a send and put back only empty. Per thread, not per socket: a
+    /// request uses it synchronously, and threads are far fewer than idle
+    /// sockets (pipes count against the user's pipe-page limit).
+    static PIPE: Cell<Option<(OwnedFd, OwnedFd)>> = const { Cell::new(None) };
+}
+
+/// Retries a system call that a signal interrupted.
+fn retrying<T>(mut call: impl FnMut() -> nix::Result<T>) -> nix::Result<T> {
+    loop {
+        match call() {
+            Err(Errno::EINTR) => continue,
+            r => return r,
+        }
+    }
+}
+
+/// Whether an errno from the first `vmsplice` or `splice` says this kernel
+/// (or its seccomp policy) does not splice into AF_ALG at all, rather than
+/// that this one attempt failed.
+fn refuses_splicing(e: Errno) -> bool {
+    matches!(
+        e,
+        Errno::ENOSYS | Errno::EPERM | Errno::EACCES | Errno::EINVAL | Errno::EOPNOTSUPP
+    )
+}
+
 /// What became of a spliced send.
 enum Spliced {
     Sent,
+    /// No data reached the socket (which waits for it, as if nothing had
+    /// been sent): with the errno if the kernel refuses splicing for good.
     Refused(Option<Errno>),
 }
 
@@ -254,20 +311,18 @@ impl Op {
     /// on.
     pub(crate) fn send(&self, control: Control<'_>, data: &[IoSlice<'_>]) -> Result<(), Error> {
         let total: usize = data.iter().map(|d| d.len()).sum();
-        if splices(
-            data,
-            total,
-            self.splice_from.load(Ordering::Relaxed),
-            self.align,
-        ) {
+        let from = self.splicing.from.load(Ordering::Relaxed);
+        if splices(data, total, from, self.splice_max, self.align) {
             match self.send_spliced(control, data, total)? {
-                Spliced::Sent => return Ok(()),
-                Spliced::Refused(errno) => {
-                    if errno.is_some() {
-                        tracing::debug!(?errno, "splice refused; copying from now on");
-                        self.splice_from.store(usize::MAX, Ordering::Relaxed);
-                    }
+                Spliced::Sent => {
+                    self.splicing.sent.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
                 }
+                Spliced::Refused(Some(errno)) => {
+                    tracing::debug!(?errno, "splice refused; copying from now on");
+                    self.splicing.from.store(usize::MAX, Ordering::Relaxed);
+                }
+                Spliced::Refused(None) => {}
             }
         }
         self.send_copy(control, data)
@@ -285,48 +340,57 @@ impl Op {
 
     /// Sends `data` (`total` bytes) as one operation without copying it:
     /// the control messages by `sendmsg(MSG_MORE)`, the pages by `vmsplice`
-    /// into this socket's pipe and `splice` from it into the socket (the
+    /// into this thread's pipe and `splice` from it into the socket (the
     /// kernel holds references to them until the operation has been read).
-    ///
-    /// `Refused` when the kernel takes no data this way (the socket is then
-    /// as if nothing had been sent, and its pipe empty): with the errno if
-    /// the kernel refused, without if no pipe could be had this time.
+    /// `Refused` leaves the socket as if nothing had been sent. On any error
+    /// the caller closes the socket; the pipe, unless empty, is dropped here.
     fn send_spliced(
         &self,
         control: Control<'_>,
         data: &[IoSlice<'_>],
         total: usize,
     ) -> Result<Spliced, Error> {
-        let mut pipe = self.pipe.lock().unwrap_or_else(|p| p.into_inner());
-        if pipe.is_none() {
-            let Ok(p) = nix::unistd::pipe2(OFlag::O_CLOEXEC) else {
-                return Ok(Spliced::Refused(None));
-            };
-            // Fewer rounds with a pipe as large as an operation; the
-            // default (16 pages) still works.
-            let want = i32::try_from(self.limit).unwrap_or(i32::MAX);
-            let _ = fcntl(&p.1, FcntlArg::F_SETPIPE_SZ(want));
-            *pipe = Some(p);
-        }
-        let Some((read_end, write_end)) = pipe.as_ref() else {
-            return Ok(Spliced::Refused(None));
+        let pipe = match PIPE.take() {
+            Some(p) => p,
+            None => match nix::unistd::pipe2(OFlag::O_CLOEXEC) {
+                Ok(p) => p,
+                Err(_) => return Ok(Spliced::Refused(None)),
+            },
         };
+        let (r, empty) = self.splice_through(&pipe, control, data, total);
+        if empty {
+            PIPE.set(Some(pipe));
+        }
+        r
+    }
+
+    /// [`Op::send_spliced`] through `pipe`; and whether the pipe is empty
+    /// after.
+    fn splice_through(
+        &self,
+        (read_end, write_end): &(OwnedFd, OwnedFd),
+        control: Control<'_>,
+        data: &[IoSlice<'_>],
+        total: usize,
+    ) -> (Result<Spliced, Error>, bool) {
+        let refused = |e: Errno| Spliced::Refused(refuses_splicing(e).then_some(e));
         let mut slices = data.to_vec();
         let mut rest: &mut [IoSlice<'_>] = &mut slices;
         let mut remaining = total;
         let mut moved_any = false;
         while remaining > 0 {
-            let queued = match vmsplice(write_end, rest, SpliceFFlags::empty()) {
+            // The pipe takes 16 pages (its default size): longer input goes
+            // in rounds.
+            let queued = match retrying(|| vmsplice(write_end, rest, SpliceFFlags::empty())) {
                 Ok(n) if n > 0 => n,
-                Ok(_) => return Err(short("vmsplice")),
-                Err(e) if !moved_any => return Ok(Spliced::Refused(Some(e))),
-                Err(e) => return Err(Error::sys("vmsplice", "", e)),
+                Ok(_) => return (Err(short("vmsplice")), true),
+                Err(e) if !moved_any => return (Ok(refused(e)), true),
+                Err(e) => return (Err(Error::sys("vmsplice", "", e)), true),
             };
             if !moved_any {
                 let more = MsgFlags::from_bits_retain(nix::libc::MSG_MORE);
                 if let Err(e) = self.send_with(control, &[], more) {
-                    *pipe = None; // its pages are not wanted
-                    return Err(e);
+                    return (Err(e), false);
                 }
             }
             // Without SPLICE_F_MORE on its last page the operation is
@@ -338,24 +402,20 @@ impl Op {
             };
             let mut left = queued;
             while left > 0 {
-                match splice(read_end, None, &self.fd, None, left, flags) {
+                match retrying(|| splice(read_end, None, &self.fd, None, left, flags)) {
                     Ok(n) if n > 0 => left -= n,
-                    Ok(_) => return Err(short("splice")),
-                    Err(e) if !moved_any => {
-                        // Nothing reached the socket (which still waits for
-                        // its data after MSG_MORE): empty the pipe by
-                        // dropping it and let the caller copy.
-                        *pipe = None;
-                        return Ok(Spliced::Refused(Some(e)));
-                    }
-                    Err(e) => return Err(Error::sys("splice", "", e)),
+                    Ok(_) => return (Err(short("splice")), false),
+                    // Nothing reached the socket, which still waits for its
+                    // data after MSG_MORE: the caller may copy it.
+                    Err(e) if !moved_any => return (Ok(refused(e)), false),
+                    Err(e) => return (Err(Error::sys("splice", "", e)), false),
                 }
                 moved_any = true;
             }
             remaining -= queued;
             IoSlice::advance_slices(&mut rest, queued);
         }
-        Ok(Spliced::Sent)
+        (Ok(Spliced::Sent), true)
     }
 
     fn send_with(
@@ -445,12 +505,20 @@ mod tests {
         // The first offset into `buf` at a 4-byte-aligned address.
         let aligned = (4 - buf.as_ptr() as usize % 4) % 4;
         let one = |o: usize| [IoSlice::new(&buf[o..o + 32])];
-        assert!(splices(&one(aligned), 32, 16, 4));
-        assert!(!splices(&one(aligned), 32, 33, 4), "below the threshold");
-        assert!(!splices(&one(aligned + 1), 32, 16, 4), "misaligned");
-        assert!(splices(&one(aligned + 1), 32, 16, 1), "no alignment wanted");
-        assert!(!splices(&[], 0, 0, 1), "nothing to send");
-        assert!(!splices(&one(aligned), 32, usize::MAX, 1), "off");
+        let max = usize::MAX - 1;
+        assert!(splices(&one(aligned), 32, 16, max, 4));
+        assert!(
+            !splices(&one(aligned), 32, 33, max, 4),
+            "below the threshold"
+        );
+        assert!(!splices(&one(aligned), 32, 16, 31, 4), "above the maximum");
+        assert!(!splices(&one(aligned + 1), 32, 16, max, 4), "misaligned");
+        assert!(
+            splices(&one(aligned + 1), 32, 16, max, 1),
+            "no alignment wanted"
+        );
+        assert!(!splices(&[], 0, 0, max, 1), "nothing to send");
+        assert!(!splices(&one(aligned), 32, usize::MAX, max, 1), "off");
     }
 
     #[test]

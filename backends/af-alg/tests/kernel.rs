@@ -134,8 +134,8 @@ proptest! {
         key_pick in 0usize..3,
         key_seed in any::<[u8; 64]>(),
         iv in any::<[u8; 16]>(),
-        len in 0usize..40_000,
-        split in 0usize..40_000,
+        len in 0usize..150_000,
+        split in 0usize..150_000,
         fill in any::<u8>(),
         splice in any::<bool>(),
     ) {
@@ -163,6 +163,7 @@ proptest! {
             prop_assert!(back == plain, "{:?} {:?} decrypt len {} splice {}", mode, driver, len, splice);
             // 6.1 splices: no refusal made the transform fall back to copies.
             prop_assert_eq!(s.splice_from(), splice.then_some(0));
+            prop_assert_eq!(s.spliced_operations() > 0, splice && len > 0);
             // Two requests split at a block boundary, the second from the
             // first's chained IV, make the whole message's ciphertext.
             if mode != Mode::Xts {
@@ -205,6 +206,7 @@ proptest! {
             let back = rt.block_on(g.open(nonce, &aad, ct, tag)).unwrap();
             prop_assert!(back == plain, "{:?} open len {} splice {}", driver, len, splice);
             prop_assert_eq!(g.splice_from(), splice.then_some(0));
+            prop_assert_eq!(g.spliced_operations() > 0, splice);
         }
     }
 
@@ -232,6 +234,7 @@ proptest! {
             let combined = fb::combine(alg, a, b, (data.len() - at) as u64);
             prop_assert_eq!(combined, whole, "{:?} split {} of {}", kind, at, data.len());
             prop_assert_eq!(c.splice_from(), splice.then_some(0));
+            prop_assert_eq!(c.spliced_operations() > 0, splice && !data.is_empty());
         }
     }
 }
@@ -584,6 +587,11 @@ fn a_refused_splice_falls_back_to_copying() {
         let mut want = plain.clone();
         reference(Mode::Cbc, true, &[7; 16], &[1; 16], &mut want);
         std::thread::spawn(move || {
+            // Spliced while the kernel lets it.
+            let mut data = plain.clone();
+            s.crypt_blocking(true, &[1; 16], &mut data).unwrap();
+            assert!(data == want);
+            assert_eq!(s.spliced_operations(), 1);
             let filter = seccompiler::SeccompFilter::new(
                 [(refused, vec![])].into_iter().collect(),
                 seccompiler::SeccompAction::Allow,
@@ -600,6 +608,7 @@ fn a_refused_splice_falls_back_to_copying() {
                 assert!(data == want, "{name} refused: wrong ciphertext");
             }
             assert_eq!(s.splice_from(), None, "{name} refused: still splicing");
+            assert_eq!(s.spliced_operations(), 1, "{name} refused: spliced anyway");
         })
         .join()
         .unwrap();
