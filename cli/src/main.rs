@@ -55,6 +55,10 @@ pub struct Backends {
     /// cbc-aes-aesni too, which discovery leaves out).
     #[arg(long = "af-alg-driver", value_name = "DRIVER")]
     pub af_alg_drivers: Vec<String>,
+    /// Leave out the virtio-crypto devices bound to vfio-pci (they are
+    /// opened and used by default).
+    #[arg(long)]
+    pub no_vfio: bool,
 }
 
 #[derive(Subcommand)]
@@ -106,6 +110,18 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
+        // VFIO devices open once per process; every Offload a command
+        // builds shares them.
+        let backends = match &cli.command {
+            Command::Probe { backends }
+            | Command::Calibrate { backends, .. }
+            | Command::Explain { backends, .. } => Some(backends),
+            Command::Bench(args) => Some(&args.backends),
+            Command::Scenario(_) => None,
+        };
+        if let Some(b) = backends {
+            setup::open_vfio(b).await;
+        }
         match cli.command {
             Command::Probe { backends } => setup::probe(&backends).await,
             Command::Bench(args) => bench::run(args).await,

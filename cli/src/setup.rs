@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crypto_offload::{
     AfAlgBackend, Algorithm, Backend, Direction, Offload, OffloadBuilder, Policy, Profile,
-    SimEngine,
+    SimEngine, VfioBackend,
 };
 
 use crate::Backends;
@@ -96,12 +96,50 @@ pub fn af_alg(b: &Backends) -> Result<(Vec<Arc<AfAlgBackend>>, String), Error> {
     Ok((out, status))
 }
 
-/// A builder with the CPU, the AF_ALG engines, the simulated engines and
-/// the policy.
+/// The VFIO devices this process opened ([`open_vfio`]), and a line
+/// saying what VFIO offers here.
+static VFIO: std::sync::OnceLock<(Vec<Arc<VfioBackend>>, String)> = std::sync::OnceLock::new();
+
+/// Opens the virtio-crypto devices bound to `vfio-pci` (unless
+/// `--no-vfio`), once for the process: a device opens once at a time, and
+/// every `Offload` a command builds shares them.
+pub async fn open_vfio(b: &Backends) {
+    if VFIO.get().is_some() {
+        return;
+    }
+    let opened = match VfioBackend::discover().await {
+        Err(why) => (Vec::new(), format!("VFIO: unavailable: {}", why.0)),
+        Ok(devices) if b.no_vfio => (
+            Vec::new(),
+            format!("VFIO: {} device(s) left out (--no-vfio)", devices.len()),
+        ),
+        Ok(devices) => {
+            let names: Vec<String> = devices.iter().map(|d| d.name().to_owned()).collect();
+            (
+                devices.into_iter().map(Arc::new).collect(),
+                format!("VFIO: devices {}", names.join(", ")),
+            )
+        }
+    };
+    let _ = VFIO.set(opened);
+}
+
+/// The opened VFIO backends and the VFIO status line.
+fn vfio() -> (Vec<Arc<VfioBackend>>, String) {
+    VFIO.get()
+        .cloned()
+        .unwrap_or_else(|| (Vec::new(), "VFIO: not probed".to_owned()))
+}
+
+/// A builder with the CPU, the AF_ALG engines, the VFIO devices, the
+/// simulated engines and the policy.
 pub fn builder(b: &Backends, sims: &[Arc<SimEngine>]) -> Result<OffloadBuilder, Error> {
     let mut builder = Offload::builder().policy(policy(&b.policy)?);
     for engine in af_alg(b)?.0 {
         builder = builder.backend(engine);
+    }
+    for device in vfio().0 {
+        builder = builder.backend(device);
     }
     for sim in sims {
         builder = builder.backend(sim.clone());
@@ -153,7 +191,7 @@ pub async fn probe(b: &Backends) -> Result<(), Error> {
         );
     }
     println!("\n{}", af_alg(b)?.1);
-    println!("VFIO: not compiled into this build (its backend lands with its own issue).");
+    println!("{}", vfio().1);
     Ok(())
 }
 

@@ -138,6 +138,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// The lengths the engine takes for `alg` are multiples of this (of a
+    /// data unit's, where [`Backend::one_operation_per_unit`]): other
+    /// requests go elsewhere, as if it did not run the algorithm. 1 by
+    /// default. (QEMU's virtio-crypto device has no XTS ciphertext
+    /// stealing: 16.)
+    fn length_multiple(&self, _alg: Algorithm) -> usize {
+        1
+    }
+
     /// Opens a keyed cipher context (both directions).
     ///
     /// # Cancel safety

@@ -17,6 +17,8 @@ mod power;
 mod select;
 mod session;
 mod sim;
+#[cfg(feature = "vfio")]
+mod vfio;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -43,6 +45,8 @@ pub use session::{
     AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
 };
 pub use sim::{SimConfig, SimEngine, SimFaults, SimPower, SimTimer};
+#[cfg(feature = "vfio")]
+pub use vfio::{Unavailable as VfioUnavailable, VfioBackend};
 
 /// CRC combination: the CRC of `A ‖ B` from `crc(A)`, `crc(B)` and `len(B)`.
 pub use crypto_offload_fallback::combine as crc_combine;

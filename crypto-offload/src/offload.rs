@@ -53,6 +53,10 @@ pub(crate) struct Inner {
     /// `per_unit[slot][algorithm index]`: the backend takes one data unit
     /// per operation (see [`crate::Backend::one_operation_per_unit`]).
     pub(crate) per_unit: Vec<Box<[bool]>>,
+    /// `multiple[slot][algorithm index]`: the lengths (or data units) the
+    /// backend takes are multiples of this (see
+    /// [`crate::Backend::length_multiple`]).
+    pub(crate) multiple: Vec<Box<[usize]>>,
     /// Per (algorithm, direction): requests shorter than this run on the CPU
     /// under the Latency policy without weighing the engines (kept by
     /// [`Inner::refresh_cpu_bound`]).
@@ -127,7 +131,8 @@ impl Offload {
     ///
     /// With the `af-alg` feature, every hardware engine the kernel offers
     /// through AF_ALG joins ([`AfAlgBackend::discover`](crate::AfAlgBackend::discover));
-    /// the VFIO backend joins behind its feature. A backend that is compiled
+    /// with `vfio`, every virtio-crypto device bound to `vfio-pci`
+    /// ([`VfioBackend::discover`](crate::VfioBackend::discover)). A backend that is compiled
     /// in but unavailable here (no AF_ALG, no device, no permission) is left
     /// out, never an error.
     ///
@@ -144,6 +149,12 @@ impl Offload {
         if let Ok(engines) = crate::AfAlgBackend::discover() {
             for e in engines {
                 builder = builder.backend(std::sync::Arc::new(e));
+            }
+        }
+        #[cfg(feature = "vfio")]
+        if let Ok(devices) = crate::VfioBackend::discover().await {
+            for d in devices {
+                builder = builder.backend(std::sync::Arc::new(d));
             }
         }
         let offload = builder.build()?;
@@ -482,10 +493,18 @@ impl OffloadBuilder {
                     .collect()
             }))
             .collect();
+        let multiple = std::iter::once(Algorithm::all().map(|_| 1).collect())
+            .chain(self.backends.iter().map(|b| {
+                Algorithm::all()
+                    .map(|a| b.length_multiple(a).max(1))
+                    .collect()
+            }))
+            .collect();
         let inner = Inner {
             supported,
             max_request,
             per_unit,
+            multiple,
             cpu: self.cpu,
             backends: self.backends,
             pinned,

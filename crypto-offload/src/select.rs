@@ -119,6 +119,8 @@ pub(crate) enum Exclusion {
     CircuitOpen,
     /// Longer than the backend's largest request.
     TooLarge,
+    /// A length (or data unit) the backend's granularity does not divide.
+    Length,
     Uncalibrated,
 }
 
@@ -166,6 +168,9 @@ impl Inner {
             let shape = if per_unit { unit.min(len) } else { len };
             if shape > self.max_request[slot][k / 2] {
                 return Err(Exclusion::TooLarge);
+            }
+            if !shape.is_multiple_of(self.multiple[slot][k / 2]) {
+                return Err(Exclusion::Length);
             }
         }
         let model = &self.models[slot];
@@ -322,8 +327,14 @@ impl Inner {
     ) -> (usize, Option<Prediction>) {
         if let Some(p) = self.pinned {
             // Pinned to an engine: its completions still teach its model
-            // (what `explain` reports).
-            return (p, self.predict(p, alg, dir, len, unit).ok());
+            // (what `explain` reports). A request of a shape it cannot take
+            // (too large, a length it cannot divide) runs on the CPU rather
+            // than fail there.
+            return match self.predict(p, alg, dir, len, unit) {
+                Ok(prediction) => (p, Some(prediction)),
+                Err(Exclusion::TooLarge | Exclusion::Length) => (0, None),
+                Err(_) => (p, None),
+            };
         }
         let best = match self.policy {
             Policy::Latency => self.least(alg, dir, len, unit, |p, b| p.latency < b.latency),
@@ -424,6 +435,10 @@ impl Inner {
                     Exclusion::TooLarge => format!(
                         "takes at most {} bytes a request",
                         self.max_request[slot][crate::cost::key(alg, dir) / 2]
+                    ),
+                    Exclusion::Length => format!(
+                        "takes only multiples of {} bytes",
+                        self.multiple[slot][crate::cost::key(alg, dir) / 2]
                     ),
                     Exclusion::Uncalibrated => "not calibrated".to_owned(),
                     Exclusion::CircuitOpen => format!(

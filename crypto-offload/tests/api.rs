@@ -650,6 +650,48 @@ parallelism = 1
 }
 
 #[tokio::test]
+async fn lengths_an_engine_cannot_take_go_to_the_cpu_not_to_a_failure() {
+    // Pinned to an engine that takes only whole blocks (a virtio-crypto
+    // device has no XTS ciphertext stealing).
+    let engine = common::Engine::new("blocks").multiple_of(16);
+    let requests = engine.requests.clone();
+    let offload = Offload::builder()
+        .backend(engine.shared())
+        .pin("blocks")
+        .build()
+        .unwrap();
+    let xts = offload
+        .cipher(CipherAlg::Aes256Xts, &key(64))
+        .await
+        .unwrap();
+    let enc = crypto_offload::Direction::Encrypt;
+    assert_eq!(xts.backend_for(enc, 4096), "blocks");
+    assert_eq!(xts.backend_for(enc, 4100), "cpu");
+    let why = offload.explain(CipherAlg::Aes256Xts, enc, 4100);
+    let blocks = why
+        .candidates
+        .iter()
+        .find(|c| c.backend == "blocks")
+        .unwrap();
+    assert_eq!(
+        blocks.excluded.as_deref(),
+        Some("takes only multiples of 16 bytes")
+    );
+    let sealed = xts.encrypt(&[1; 16], vec![5u8; 4100]).await.unwrap();
+    let cpu = Offload::discover().await.unwrap();
+    let want = cpu
+        .cipher(CipherAlg::Aes256Xts, &key(64))
+        .await
+        .unwrap()
+        .encrypt(&[1; 16], vec![5u8; 4100])
+        .await
+        .unwrap();
+    assert_eq!(sealed, want);
+    assert_eq!(requests.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(offload.backends()[1].stats.failures, 0);
+}
+
+#[tokio::test]
 async fn a_failed_open_on_a_backend_releases_nothing_either() {
     // The engine path: the dyn backend's authentication failure also comes
     // back as the opaque error with a zeroed buffer.

@@ -2,17 +2,29 @@
 # /init of the `cargo xtask vm-test` guest (packed by xtask/src/guest_init.rs).
 #
 # The kernel hands command-line words without a dot to /init as environment
-# variables: VMTEST_RUN (plain or virtio) and CRYPTO_OFFLOAD_GUEST=1.
+# variables: VMTEST_RUN (plain, virtio or vfio) and CRYPTO_OFFLOAD_GUEST=1.
 # Everything the host judges is a line starting with VMTEST- on the serial
 # console:
 #   VMTEST-INIT, VMTEST-BOOTED           /init started; modules loaded
 #   VMTEST-BEGIN <name>                  a test binary or step starts
 #   VMTEST-END <name> rc=<exit status>   ... and ends
 #   VMTEST-VIRTIO-CRYPTO <device|none>   the virtio run's device, bound or not
+#   VMTEST-VFIO <bdf> group=<n>          vfio run: a device bound to vfio-pci
+#   VMTEST-VFIO <bdf> failed <why>       ... one that could not be bound
+#   VMTEST-VFIO none                     ... no virtio-crypto device found
 #   VMTEST-NOTE <text>                   for people; never judged
 #   VMTEST-DONE                          all ran; the guest powers off
-# Files: /etc/vmtest/modules (insmod order), /etc/vmtest/test-args (extra
-# libtest arguments, one a line), /etc/vmtest/steps (commands after the tests).
+# and one line the host acts on (in runs with a QMP socket, the vfio run):
+#   VMTEST-QMP <command> [<JSON object>] the host sends that QMP command to
+#                                        QEMU and logs the reply; nothing comes
+#                                        back to the guest, which watches sysfs
+# In the vfio run the tests see VMTEST_VFIO_DEVICES: the bound devices' PCI
+# addresses (e.g. "0000:01:00.0 0000:02:00.0"), blank-separated.
+# Files: /etc/vmtest/modules (insmod order, every run), then
+# /etc/vmtest/modules-$VMTEST_RUN if present (the run's own modules),
+# /etc/vmtest/tests ("<runs> <name>": which runs run /tests/<name>),
+# /etc/vmtest/test-args (extra libtest arguments, one a line),
+# /etc/vmtest/steps (commands after the tests).
 
 /bin/busybox mkdir -p /proc /sys /dev /tmp /sbin /usr/bin /usr/sbin
 /bin/busybox mount -t proc proc /proc
@@ -26,14 +38,24 @@ export VMTEST_RUN CRYPTO_OFFLOAD_GUEST
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 echo "VMTEST-INIT run=$VMTEST_RUN kernel=$(uname -r) uptime=$(uptime_s)"
 
-# Modules, dependencies first. A failure (already loaded, built in, refused)
-# is logged and the boot goes on: the tests say what is missing.
-while read -r module; do
-    [ -n "$module" ] || continue
-    if ! out=$(insmod "$module" 2>&1); then
-        echo "VMTEST-NOTE insmod ${module##*/} failed: $out"
-    fi
-done < /etc/vmtest/modules
+# True if this run is among $1: "all" or a comma-separated list of runs.
+for_this_run() {
+    case ",$1," in ",all," | *",$VMTEST_RUN,"*) return 0 ;; esac
+    return 1
+}
+
+# Modules, dependencies first: every run's, then this run's own. A failure
+# (already loaded, built in, refused) is logged and the boot goes on: the
+# tests say what is missing.
+for list in /etc/vmtest/modules "/etc/vmtest/modules-$VMTEST_RUN"; do
+    [ -f "$list" ] || continue
+    while read -r module; do
+        [ -n "$module" ] || continue
+        if ! out=$(insmod "$module" 2>&1); then
+            echo "VMTEST-NOTE insmod ${module##*/} failed: $out"
+        fi
+    done < "$list"
+done
 echo "VMTEST-BOOTED run=$VMTEST_RUN modules=$(wc -l < /proc/modules) uptime=$(uptime_s)"
 
 if [ "$VMTEST_RUN" = virtio ]; then
@@ -45,6 +67,41 @@ if [ "$VMTEST_RUN" = virtio ]; then
         sleep 0.2
     done
     echo "VMTEST-VIRTIO-CRYPTO ${bound:-none}"
+fi
+
+# The name a sysfs link points to ("" if there is no link).
+link_name() {
+    target=$(readlink "$1") || return 0
+    echo "${target##*/}"
+}
+
+if [ "$VMTEST_RUN" = vfio ]; then
+    # Hand every virtio-crypto device (1af4:1054) to vfio-pci for the
+    # userspace driver: off its driver (virtio-pci took it at insmod), then
+    # driver_override so that only vfio-pci probes it.
+    VMTEST_VFIO_DEVICES=
+    found=
+    for dev in /sys/bus/pci/devices/*; do
+        [ "$(cat "$dev/vendor")" = 0x1af4 ] && [ "$(cat "$dev/device")" = 0x1054 ] || continue
+        bdf=${dev##*/}
+        found=1
+        if [ -e "$dev/driver" ]; then
+            echo "$bdf" > "$dev/driver/unbind"
+        fi
+        echo vfio-pci > "$dev/driver_override"
+        echo "$bdf" > /sys/bus/pci/drivers_probe
+        driver=$(link_name "$dev/driver")
+        group=$(link_name "$dev/iommu_group")
+        if [ "$driver" = vfio-pci ] && [ -n "$group" ] && [ -c "/dev/vfio/$group" ]; then
+            echo "VMTEST-VFIO $bdf group=$group"
+            VMTEST_VFIO_DEVICES="${VMTEST_VFIO_DEVICES:+$VMTEST_VFIO_DEVICES }$bdf"
+        else
+            echo "VMTEST-VFIO $bdf failed driver=${driver:-none} group=${group:-none}"
+        fi
+    done
+    [ -n "$found" ] || echo "VMTEST-VFIO none"
+    export VMTEST_VFIO_DEVICES
+    echo "VMTEST-NOTE vfio: /dev/vfio: $(ls /dev/vfio 2>/dev/null | tr '\n' ' ')"
 fi
 
 # The drivers behind the algorithms the project uses, as /proc/crypto lists them.
@@ -72,15 +129,17 @@ while IFS= read -r arg; do
     [ -n "$arg" ] && set -- "$@" "$arg"
 done < /etc/vmtest/test-args
 
-for test in /tests/*; do
-    [ -x "$test" ] || continue
-    run_framed "${test##*/}" "$test" --test-threads=2 "$@"
-done
+# Tests: "<runs> <name>" runs /tests/<name> in those runs.
+while read -r runs name; do
+    case "$runs" in '' | '#'*) continue ;; esac
+    for_this_run "$runs" || continue
+    run_framed "$name" "/tests/$name" --test-threads=2 "$@"
+done < /etc/vmtest/tests
 
 # Steps: "<runs> <name> <program> [args...]"; runs is "all" or a comma list.
 while read -r runs name program args; do
     case "$runs" in '' | '#'*) continue ;; esac
-    case ",$runs," in ",all," | *",$VMTEST_RUN,"*) ;; *) continue ;; esac
+    for_this_run "$runs" || continue
     if [ ! -x "$program" ]; then
         echo "VMTEST-NOTE step $name skipped: $program is not in the initramfs"
         continue

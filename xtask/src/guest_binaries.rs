@@ -6,7 +6,7 @@
 //! `cargo build --release`. The workspace's layout comes from
 //! `cargo metadata --no-deps`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -16,6 +16,8 @@ use std::{env, fmt};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
+use crate::qemu::RunKind;
+
 /// The package whose tests are run when it exists: the AF_ALG backend.
 pub const AF_ALG_PACKAGE: &str = "crypto-offload-af-alg";
 /// With the AF_ALG backend, this package's AF_ALG integration test runs
@@ -23,6 +25,9 @@ pub const AF_ALG_PACKAGE: &str = "crypto-offload-af-alg";
 pub const OFFLOAD_PACKAGE: &str = "crypto-offload";
 /// The package whose tests are run otherwise.
 pub const FALLBACK_PACKAGE: &str = "crypto-offload-fallback";
+/// The package whose tests the vfio run runs when it exists: the userspace
+/// VFIO virtio-crypto driver.
+pub const VFIO_PACKAGE: &str = "crypto-offload-vfio";
 /// The extra binary included by default: `offload` from `offload-cli`.
 pub const DEFAULT_BINARY: &str = "offload-cli:offload";
 /// The extra binaries included by default: `offload`, and the AF_ALG
@@ -97,6 +102,23 @@ impl Workspace {
             out.push(format!("{OFFLOAD_PACKAGE}+af-alg/af_alg"));
         }
         out
+    }
+
+    /// The packages whose tests `run` runs when none is given: in the vfio
+    /// run the VFIO driver's (and `Offload`'s VFIO backend test) if the
+    /// workspace has it; otherwise, and in the other runs,
+    /// [`Self::default_test_packages`].
+    pub fn default_test_packages_for(&self, run: RunKind) -> Vec<String> {
+        match run {
+            RunKind::Vfio if self.package(VFIO_PACKAGE).is_some() => {
+                let mut out = vec![VFIO_PACKAGE.to_owned()];
+                if self.package(OFFLOAD_PACKAGE).is_some() {
+                    out.push(format!("{OFFLOAD_PACKAGE}+vfio/vfio"));
+                }
+                out
+            }
+            RunKind::Plain | RunKind::Virtio | RunKind::Vfio => self.default_test_packages(),
+        }
     }
 }
 
@@ -279,14 +301,25 @@ fn cargo_json(cargo: &Path, root: &Path, package: &str, args: &[&str]) -> Result
     Ok(artifacts)
 }
 
+/// A test binary for the guest and the requested specs that built it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestBinary {
+    /// The binary.
+    pub binary: GuestBinary,
+    /// Indices into the `packages` given to [`build_tests`] (two specs can
+    /// build the same executable).
+    pub specs: BTreeSet<usize>,
+}
+
 /// Builds the test binaries of `packages` (each as `cargo test -p P` would).
 pub fn build_tests(
     cargo: &Path,
     workspace: &Workspace,
     packages: &[String],
-) -> Result<Vec<GuestBinary>> {
+) -> Result<Vec<TestBinary>> {
     let mut artifacts = Vec::new();
-    for spec in packages {
+    let mut specs_of: BTreeMap<PathBuf, BTreeSet<usize>> = BTreeMap::new();
+    for (index, spec) in packages.iter().enumerate() {
         let (package, features, test) = parse_test_spec(spec);
         if workspace.package(package).is_none() {
             bail!(
@@ -303,12 +336,24 @@ pub fn build_tests(
             args.extend(["--test", test]);
         }
         let built = cargo_json(cargo, &workspace.workspace_root, package, &args)?;
-        artifacts.extend(built.into_iter().filter(|a| a.test));
+        for artifact in built.into_iter().filter(|a| a.test) {
+            specs_of
+                .entry(artifact.executable.clone())
+                .or_default()
+                .insert(index);
+            artifacts.push(artifact);
+        }
     }
     if artifacts.is_empty() {
         bail!("cargo built no test binaries for {}", packages.join(", "));
     }
-    Ok(name_tests(artifacts))
+    Ok(name_tests(artifacts)
+        .into_iter()
+        .map(|binary| TestBinary {
+            specs: specs_of.remove(&binary.host_path).unwrap_or_default(),
+            binary,
+        })
+        .collect())
 }
 
 /// `PACKAGE[+FEATURE…][/TEST]`: a package's test binaries, built with
@@ -454,6 +499,19 @@ mod tests {
         assert_eq!(workspace.default_test_packages(), [FALLBACK_PACKAGE]);
         workspace.packages.push(package(AF_ALG_PACKAGE));
         assert_eq!(workspace.default_test_packages(), [AF_ALG_PACKAGE]);
+        // Without the VFIO driver, the vfio run runs what the others do.
+        for run in RunKind::ALL {
+            assert_eq!(workspace.default_test_packages_for(run), [AF_ALG_PACKAGE]);
+        }
+        workspace.packages.push(package(VFIO_PACKAGE));
+        assert_eq!(
+            workspace.default_test_packages_for(RunKind::Vfio)[0],
+            VFIO_PACKAGE
+        );
+        assert_eq!(
+            workspace.default_test_packages_for(RunKind::Virtio),
+            [AF_ALG_PACKAGE]
+        );
         assert_eq!(
             parse_test_spec("crypto-offload+af-alg+testing/af_alg"),
             ("crypto-offload", vec!["af-alg", "testing"], Some("af_alg"))

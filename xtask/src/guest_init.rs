@@ -2,15 +2,22 @@
 //!
 //! `/init` is the busybox script in `xtask/guest/init.sh`; it reads
 //!
-//! * `/etc/vmtest/modules`: module paths in insmod order, one a line;
+//! * `/etc/vmtest/modules`: module paths in insmod order, one a line, which
+//!   every run loads; then `/etc/vmtest/modules-<run>` if the run has one
+//!   (the vfio run's VFIO modules);
+//! * `/etc/vmtest/tests`: the test binaries (in `/tests`) and the runs that
+//!   run them, `<runs> <name>` a line;
 //! * `/etc/vmtest/test-args`: extra libtest arguments for every test binary
 //!   (e.g. `--skip` and a name), one a line;
 //! * `/etc/vmtest/steps`: commands run after the tests (by default
 //!   `offload probe` and `offload bench` in the virtio run), from
 //!   `xtask/guest/steps`, which can be edited without touching Rust.
 //!
-//! The markers it prints (`VMTEST-BEGIN` ...) are read back by
-//! [`crate::guest_log`].
+//! In both `tests` and `steps`, `<runs>` is `all` or a comma-separated list
+//! of run names. The markers `/init` prints (`VMTEST-BEGIN` ...) are read
+//! back by [`crate::guest_log`].
+
+use crate::qemu::RunKind;
 
 /// The guest's `/init`.
 pub const INIT_SCRIPT: &str = include_str!("../guest/init.sh");
@@ -19,6 +26,8 @@ pub const STEPS: &str = include_str!("../guest/steps");
 
 /// Guest path of the insmod order.
 pub const MODULES_PATH: &str = "/etc/vmtest/modules";
+/// Guest path of the test binaries' list.
+pub const TESTS_PATH: &str = "/etc/vmtest/tests";
 /// Guest path of the extra libtest arguments.
 pub const TEST_ARGS_PATH: &str = "/etc/vmtest/test-args";
 /// Guest path of the steps.
@@ -33,6 +42,22 @@ pub fn modules_list(modules_dir: &str, order: &[String]) -> String {
     order
         .iter()
         .map(|m| format!("{modules_dir}/{m}\n"))
+        .collect()
+}
+
+/// Guest path of the modules `run` loads after [`MODULES_PATH`].
+pub fn run_modules_path(run: RunKind) -> String {
+    format!("{MODULES_PATH}-{}", run.name())
+}
+
+/// The tests file: `<runs> <name>` a line, runs comma-separated.
+pub fn tests_list<'a>(tests: impl IntoIterator<Item = (&'a str, &'a [RunKind])>) -> String {
+    tests
+        .into_iter()
+        .map(|(name, runs)| {
+            let runs: Vec<&str> = runs.iter().map(|r| r.name()).collect();
+            format!("{} {name}\n", runs.join(","))
+        })
         .collect()
 }
 
@@ -55,13 +80,20 @@ mod tests {
             "VMTEST-BEGIN",
             "VMTEST-END",
             "VMTEST-DONE",
+            "VMTEST-VFIO",
+            "VMTEST_VFIO_DEVICES",
             "poweroff -f",
         ] {
             assert!(INIT_SCRIPT.contains(needed), "{needed}");
         }
-        for path in [MODULES_PATH, TEST_ARGS_PATH, STEPS_PATH] {
+        for path in [MODULES_PATH, TESTS_PATH, TEST_ARGS_PATH, STEPS_PATH] {
             assert!(INIT_SCRIPT.contains(path), "init.sh reads {path}");
         }
+        let run_modules = run_modules_path(RunKind::Vfio).replace("vfio", "$VMTEST_RUN");
+        assert!(
+            INIT_SCRIPT.contains(&run_modules),
+            "init.sh reads {run_modules}"
+        );
     }
 
     #[test]
@@ -77,7 +109,7 @@ mod tests {
             assert!(
                 words[0]
                     .split(',')
-                    .all(|r| ["all", "plain", "virtio"].contains(&r)),
+                    .all(|r| r == "all" || RunKind::ALL.iter().any(|k| k.name() == r)),
                 "{step}"
             );
             assert!(words[2].starts_with('/'), "{step}");
@@ -95,6 +127,14 @@ mod tests {
             "/lib/modules/6.1.0-57-amd64/kernel/crypto/af_alg.ko\n"
         );
         assert_eq!(test_args(&["slow one".into()]), "--skip\nslow one\n");
+        assert_eq!(
+            tests_list([
+                ("differential", &[RunKind::Plain, RunKind::Virtio][..]),
+                ("vfio_device", &[RunKind::Vfio][..]),
+            ]),
+            "plain,virtio differential\nvfio vfio_device\n"
+        );
+        assert_eq!(run_modules_path(RunKind::Vfio), "/etc/vmtest/modules-vfio");
         assert_eq!(test_args(&[]), "");
     }
 }

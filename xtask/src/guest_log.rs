@@ -4,11 +4,16 @@
 //! `xtask/guest/init.sh`). A run passes only if the guest printed
 //! `VMTEST-BOOTED` and `VMTEST-DONE`, every `VMTEST-BEGIN` has its
 //! `VMTEST-END`, every exit status is 0, the kernel did not panic, QEMU was
-//! not killed for taking too long, and, in the virtio run, a virtio-crypto
-//! device was bound. Markers are looked for anywhere in a line, since kernel
-//! messages can share a console line with the script's output.
+//! not killed for taking too long, in the virtio run a virtio-crypto device
+//! was bound to `virtio_crypto`, and in the vfio run at least one was bound
+//! to `vfio-pci` and none failed to. Markers are looked for anywhere in a
+//! line, since kernel messages can share a console line with the script's
+//! output. The harness adds its own failures (e.g. a failed QMP request)
+//! with [`LogParser::fail`].
 
 use std::time::Duration;
+
+use crate::qemu::RunKind;
 
 /// The text the kernel prints when it panics.
 const PANIC: &str = "Kernel panic - not syncing";
@@ -56,23 +61,38 @@ impl RunReport {
 }
 
 /// Reads a console log line by line, as it arrives.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LogParser {
-    expect_virtio_device: bool,
+    run: RunKind,
     report: RunReport,
     open: Option<(String, Duration)>,
     virtio_device: Option<String>,
+    /// `VMTEST-VFIO <bdf> group=<n>`: devices bound to vfio-pci.
+    vfio_bound: Vec<String>,
+    /// `VMTEST-VFIO <bdf> failed ...`: devices that could not be bound.
+    vfio_failed: Vec<String>,
     panic: Option<String>,
     last_at: Duration,
 }
 
 impl LogParser {
-    /// A parser for one run; `expect_virtio_device` for the virtio run.
-    pub fn new(expect_virtio_device: bool) -> Self {
+    /// A parser for one run, which says what devices it must have bound.
+    pub fn new(run: RunKind) -> Self {
         Self {
-            expect_virtio_device,
-            ..Self::default()
+            run,
+            report: RunReport::default(),
+            open: None,
+            virtio_device: None,
+            vfio_bound: Vec::new(),
+            vfio_failed: Vec::new(),
+            panic: None,
+            last_at: Duration::ZERO,
         }
+    }
+
+    /// Records a failure the harness found outside the guest's markers.
+    pub fn fail(&mut self, failure: String) {
+        self.report.failures.push(failure);
     }
 
     /// Takes one console line, seen `at` after QEMU started.
@@ -99,6 +119,25 @@ impl LogParser {
             "VMTEST-VIRTIO-CRYPTO" => {
                 self.virtio_device = words.next().map(str::to_owned);
             }
+            // `<bdf> group=<n>`, `<bdf> failed <why>`, or `none`.
+            "VMTEST-VFIO" => match (words.next(), words.next()) {
+                (Some("none") | None, _) => {}
+                (Some(bdf), Some(group)) if group.starts_with("group=") => {
+                    self.vfio_bound.push(bdf.to_owned());
+                }
+                (Some(bdf), why) => {
+                    let why: Vec<&str> = why
+                        .filter(|&w| w != "failed")
+                        .into_iter()
+                        .chain(words)
+                        .collect();
+                    self.vfio_failed.push(if why.is_empty() {
+                        bdf.to_owned()
+                    } else {
+                        format!("{bdf} ({})", why.join(" "))
+                    });
+                }
+            },
             "VMTEST-BEGIN" => {
                 self.close_unended(at);
                 self.open = Some((words.next().unwrap_or_default().to_owned(), at));
@@ -156,12 +195,22 @@ impl LogParser {
         if self.report.booted_at.is_none() {
             failures.push("the guest never printed VMTEST-BOOTED".into());
         }
-        if self.expect_virtio_device && self.report.booted_at.is_some() {
+        if self.run == RunKind::Virtio && self.report.booted_at.is_some() {
             match self.virtio_device.as_deref() {
                 None | Some("none") => {
                     failures.push("no virtio-crypto device was bound to virtio_crypto".into())
                 }
                 Some(_) => {}
+            }
+        }
+        if self.run == RunKind::Vfio && self.report.booted_at.is_some() {
+            if self.vfio_bound.is_empty() {
+                failures.push("no virtio-crypto device was bound to vfio-pci".into());
+            }
+            for device in &self.vfio_failed {
+                failures.push(format!(
+                    "virtio-crypto device {device} was not bound to vfio-pci"
+                ));
             }
         }
         for binary in &self.report.binaries {
@@ -188,8 +237,8 @@ mod tests {
     use super::*;
 
     /// Feeds `lines` one second apart and finishes with `ending`.
-    fn judge(virtio: bool, lines: &[&str], ending: Ending) -> RunReport {
-        let mut parser = LogParser::new(virtio);
+    fn judge(run: RunKind, lines: &[&str], ending: Ending) -> RunReport {
+        let mut parser = LogParser::new(run);
         for (second, line) in (1u64..).zip(lines) {
             parser.line(Duration::from_secs(second), line);
         }
@@ -211,7 +260,7 @@ mod tests {
 
     #[test]
     fn a_complete_run_passes_with_timings() {
-        let report = judge(false, PASSING, Ending::Exited);
+        let report = judge(RunKind::Plain, PASSING, Ending::Exited);
         assert!(report.passed(), "{:?}", report.failures);
         assert_eq!(report.init_at, Some(Duration::from_secs(2)));
         assert_eq!(report.booted_at, Some(Duration::from_secs(3)));
@@ -237,7 +286,7 @@ mod tests {
     fn a_failing_exit_status_fails_the_run() {
         let mut lines = PASSING.to_vec();
         lines[6] = "VMTEST-END differential rc=101";
-        let report = judge(false, &lines, Ending::Exited);
+        let report = judge(RunKind::Plain, &lines, Ending::Exited);
         assert_eq!(report.failures, ["differential: exit status 101"]);
         assert_eq!(report.binaries[0].rc, Some(101));
     }
@@ -246,7 +295,7 @@ mod tests {
     fn a_missing_end_fails_the_run() {
         let mut lines = PASSING.to_vec();
         lines.remove(6);
-        let report = judge(false, &lines, Ending::Exited);
+        let report = judge(RunKind::Plain, &lines, Ending::Exited);
         // It ran from its BEGIN until the next BEGIN.
         assert_eq!(
             report.binaries[0],
@@ -262,7 +311,11 @@ mod tests {
 
     #[test]
     fn a_missing_done_fails_the_run() {
-        let report = judge(false, &PASSING[..PASSING.len() - 1], Ending::Exited);
+        let report = judge(
+            RunKind::Plain,
+            &PASSING[..PASSING.len() - 1],
+            Ending::Exited,
+        );
         assert_eq!(report.failures, ["the guest never printed VMTEST-DONE"]);
     }
 
@@ -274,7 +327,7 @@ mod tests {
             "VMTEST-BEGIN differential",
             "[    9.1] Kernel panic - not syncing: Attempted to kill init! exitcode=0x0000000b",
         ];
-        let report = judge(false, &lines, Ending::Exited);
+        let report = judge(RunKind::Plain, &lines, Ending::Exited);
         // It ran from its BEGIN until QEMU ended.
         assert_eq!(report.binaries[0].seconds, 2.0);
         assert_eq!(
@@ -289,13 +342,21 @@ mod tests {
 
     #[test]
     fn a_timeout_fails_the_run_even_after_done() {
-        let report = judge(false, PASSING, Ending::TimedOut(Duration::from_secs(300)));
+        let report = judge(
+            RunKind::Plain,
+            PASSING,
+            Ending::TimedOut(Duration::from_secs(300)),
+        );
         assert_eq!(report.failures, ["timed out: QEMU killed after 300 s"]);
     }
 
     #[test]
     fn a_guest_that_never_boots_fails() {
-        let report = judge(false, &["SeaBIOS", "Booting from ROM.."], Ending::Exited);
+        let report = judge(
+            RunKind::Plain,
+            &["SeaBIOS", "Booting from ROM.."],
+            Ending::Exited,
+        );
         assert_eq!(
             report.failures,
             [
@@ -309,27 +370,98 @@ mod tests {
     fn markers_are_found_after_kernel_text_on_the_same_line() {
         let mut lines = PASSING.to_vec();
         lines[6] = "[    5.2] virtio_crypto: some warningVMTEST-END differential rc=0";
-        assert!(judge(false, &lines, Ending::Exited).passed());
+        assert!(judge(RunKind::Plain, &lines, Ending::Exited).passed());
     }
 
     #[test]
     fn the_virtio_run_needs_a_bound_device() {
         let mut lines = PASSING.to_vec();
         lines.insert(3, "VMTEST-VIRTIO-CRYPTO none");
-        let report = judge(true, &lines, Ending::Exited);
+        let report = judge(RunKind::Virtio, &lines, Ending::Exited);
         assert_eq!(
             report.failures,
             ["no virtio-crypto device was bound to virtio_crypto"]
         );
         lines[3] = "VMTEST-VIRTIO-CRYPTO virtio0";
-        assert!(judge(true, &lines, Ending::Exited).passed());
+        assert!(judge(RunKind::Virtio, &lines, Ending::Exited).passed());
+    }
+
+    #[test]
+    fn the_vfio_run_needs_a_device_bound_to_vfio_pci() {
+        let with = |vfio_lines: &[&'static str]| {
+            let mut lines = PASSING.to_vec();
+            for (n, line) in vfio_lines.iter().enumerate() {
+                lines.insert(3 + n, line);
+            }
+            judge(RunKind::Vfio, &lines, Ending::Exited).failures
+        };
+        let bound = [
+            "VMTEST-VFIO 0000:01:00.0 group=2",
+            "VMTEST-VFIO 0000:02:00.0 group=3",
+        ];
+        assert_eq!(with(&bound), Vec::<String>::new());
+        assert_eq!(
+            with(&["VMTEST-VFIO none"]),
+            ["no virtio-crypto device was bound to vfio-pci"]
+        );
+        // No marker at all (e.g. an /init without the vfio section) fails too.
+        assert_eq!(with(&[]), ["no virtio-crypto device was bound to vfio-pci"]);
+        // One bound and one not: the run fails, naming the one.
+        assert_eq!(
+            with(&[
+                bound[0],
+                "VMTEST-VFIO 0000:02:00.0 failed driver=virtio-pci group=3"
+            ]),
+            [
+                "virtio-crypto device 0000:02:00.0 (driver=virtio-pci group=3) was not bound to vfio-pci"
+            ]
+        );
+        assert_eq!(
+            with(&[
+                "VMTEST-VFIO 0000:01:00.0 failed",
+                "VMTEST-VFIO 0000:02:00.0"
+            ]),
+            [
+                "no virtio-crypto device was bound to vfio-pci",
+                "virtio-crypto device 0000:01:00.0 was not bound to vfio-pci",
+                "virtio-crypto device 0000:02:00.0 was not bound to vfio-pci",
+            ]
+        );
+        // After kernel text on the same line.
+        assert_eq!(
+            with(&["[    3.1] vfio-pci 0000:01:00.0: enablingVMTEST-VFIO 0000:01:00.0 group=2"]),
+            Vec::<String>::new()
+        );
+        // Other runs do not look for vfio-pci, nor the vfio run for virtio_crypto.
+        assert!(judge(RunKind::Plain, PASSING, Ending::Exited).passed());
+        assert!(
+            judge(RunKind::Virtio, PASSING, Ending::Exited).failures
+                == ["no virtio-crypto device was bound to virtio_crypto"]
+        );
+        // A guest that never booted is not also blamed for the device.
+        let report = judge(RunKind::Vfio, &["SeaBIOS"], Ending::Exited);
+        assert_eq!(report.failures.len(), 2, "{:?}", report.failures);
+    }
+
+    #[test]
+    fn harness_failures_are_kept() {
+        let mut parser = LogParser::new(RunKind::Plain);
+        for (second, line) in (1u64..).zip(PASSING) {
+            parser.line(Duration::from_secs(second), line);
+        }
+        parser.fail("QMP device_del failed: Device 'x' not found".into());
+        let report = parser.finish(Ending::Exited, Duration::from_secs(20));
+        assert_eq!(
+            report.failures,
+            ["QMP device_del failed: Device 'x' not found"]
+        );
     }
 
     #[test]
     fn an_end_without_begin_fails() {
         let mut lines = PASSING.to_vec();
         lines.insert(9, "VMTEST-END ghost rc=0");
-        let report = judge(false, &lines, Ending::Exited);
+        let report = judge(RunKind::Plain, &lines, Ending::Exited);
         assert_eq!(
             report.failures,
             ["VMTEST-END ghost without its VMTEST-BEGIN"]

@@ -1,15 +1,17 @@
 //! `cargo xtask`: developer tasks for the crypto-offload workspace.
 //!
 //! ```text
-//! cargo xtask vm-test                    # both guest runs, default packages
+//! cargo xtask vm-test                    # all three guest runs, default packages
 //! cargo xtask vm-test --run virtio -p crypto-offload-af-alg --keep
+//! cargo xtask vm-test --run vfio -p crypto-offload-fallback
 //! ```
 //!
 //! `vm-test` builds the test binaries of some workspace packages, packs them
-//! with busybox and the kernel's AF_ALG, crypto and virtio modules into an
-//! initramfs, boots Debian's kernel under QEMU once without devices
-//! (`plain`) and once with a virtio-crypto device (`virtio`), runs every test
-//! binary in the guest and judges each run from the guest's serial console.
+//! with busybox and the kernel's AF_ALG, crypto, virtio and VFIO modules into
+//! an initramfs, boots Debian's kernel under QEMU without devices (`plain`),
+//! with a virtio-crypto device (`virtio`) and with two virtio-crypto devices
+//! behind an emulated IOMMU bound to vfio-pci (`vfio`), runs the test
+//! binaries in the guest and judges each run from the guest's serial console.
 //! The host needs `qemu-system-x86`, `busybox-static` and `linux-image-amd64`;
 //! nothing is installed by the task itself.
 
@@ -23,6 +25,7 @@ mod initramfs;
 mod kernel;
 mod modules;
 mod qemu;
+mod qmp;
 mod shared_libs;
 mod summary;
 mod tools;
@@ -48,7 +51,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Run the workspace's test binaries in QEMU guests (Debian's kernel,
-    /// AF_ALG modules; a `plain` run and a `virtio` run with virtio-crypto).
+    /// AF_ALG modules; a `plain` run, a `virtio` run with virtio-crypto and
+    /// a `vfio` run with two virtio-crypto devices bound to vfio-pci).
     VmTest(vm_test::VmTestArgs),
 }
 

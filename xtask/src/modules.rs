@@ -6,6 +6,10 @@
 //! same, so both sides are normalised to `_` before matching. A requested
 //! module that modules.dep does not list is assumed built in and skipped
 //! with a note (which says whether `modules.builtin` confirms it).
+//!
+//! Every run loads [`GUEST_MODULES`]; a run may load more after them
+//! ([`run_modules`]: the vfio run's VFIO modules), planned so that what the
+//! common list already loaded is not loaded twice.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -13,6 +17,8 @@ use std::io::Read as _;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+
+use crate::qemu::RunKind;
 
 /// The modules the guest loads, in this order (each after its dependencies).
 ///
@@ -51,6 +57,25 @@ pub const GUEST_MODULES: &[&str] = &[
     "crypto_engine",
     "virtio_crypto",
 ];
+
+/// The modules only the vfio run loads, after [`GUEST_MODULES`]: VFIO, its
+/// type-1 IOMMU backend and vfio-pci. modules.dep adds their dependencies
+/// (`irqbypass`); the Intel IOMMU driver itself is built in.
+pub const VFIO_MODULES: &[&str] = &[
+    "vfio",
+    "vfio_iommu_type1",
+    "vfio_virqfd",
+    "vfio-pci-core",
+    "vfio-pci",
+];
+
+/// The modules `run` loads after [`GUEST_MODULES`].
+pub fn run_modules(run: RunKind) -> &'static [&'static str] {
+    match run {
+        RunKind::Plain | RunKind::Virtio => &[],
+        RunKind::Vfio => VFIO_MODULES,
+    }
+}
 
 /// A module name as the kernel compares them: `-` and `_` are the same.
 pub fn normalise(name: &str) -> String {
@@ -111,13 +136,24 @@ impl ModulesDep {
     /// module after its dependencies, each once, otherwise in request order.
     /// `builtin` holds the normalised names listed in modules.builtin.
     pub fn load_plan(&self, wanted: &[&str], builtin: &BTreeSet<String>) -> Result<LoadPlan> {
+        self.load_plan_after(&[], wanted, builtin)
+    }
+
+    /// Like [`Self::load_plan`], for a guest that has already loaded the
+    /// modules at `loaded` (paths as in a plan's `order`): those are left out.
+    pub fn load_plan_after(
+        &self,
+        loaded: &[String],
+        wanted: &[&str],
+        builtin: &BTreeSet<String>,
+    ) -> Result<LoadPlan> {
         let by_path: BTreeMap<&str, &str> = self
             .modules
             .iter()
             .map(|(name, (path, _))| (path.as_str(), name.as_str()))
             .collect();
         let mut plan = LoadPlan::default();
-        let mut done = BTreeSet::new();
+        let mut done: BTreeSet<String> = loaded.iter().map(|path| name_of(path)).collect();
         for &name in wanted {
             let name = normalise(name);
             if !self.modules.contains_key(&name) {
@@ -176,13 +212,49 @@ pub fn parse_builtin(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The load plan for [`GUEST_MODULES`] from the modules folder of a kernel.
-pub fn plan_for(modules_dir: &Path) -> Result<LoadPlan> {
+/// The modules of every run, from the modules folder of a kernel.
+#[derive(Debug, Default)]
+pub struct GuestPlan {
+    /// [`GUEST_MODULES`], which every run loads.
+    pub common: LoadPlan,
+    /// Per run with modules of its own, what it loads after `common`.
+    pub runs: Vec<(RunKind, LoadPlan)>,
+}
+
+impl GuestPlan {
+    /// Every requested module that is not a loadable file, once.
+    pub fn skipped(&self) -> Vec<&Skipped> {
+        let mut skipped: Vec<&Skipped> = Vec::new();
+        for s in std::iter::once(&self.common)
+            .chain(self.runs.iter().map(|(_, plan)| plan))
+            .flat_map(|plan| &plan.skipped)
+        {
+            if !skipped.contains(&s) {
+                skipped.push(s);
+            }
+        }
+        skipped
+    }
+}
+
+/// The load plans of [`GUEST_MODULES`] and of each run's own modules
+/// ([`run_modules`]) from the modules folder of a kernel.
+pub fn plan_for(modules_dir: &Path) -> Result<GuestPlan> {
     let dep_path = modules_dir.join("modules.dep");
     let dep =
         fs::read_to_string(&dep_path).with_context(|| format!("reading {}", dep_path.display()))?;
     let builtin = fs::read_to_string(modules_dir.join("modules.builtin")).unwrap_or_default();
-    ModulesDep::parse(&dep)?.load_plan(GUEST_MODULES, &parse_builtin(&builtin))
+    let builtin = parse_builtin(&builtin);
+    let dep = ModulesDep::parse(&dep)?;
+    let common = dep.load_plan(GUEST_MODULES, &builtin)?;
+    let mut runs = Vec::new();
+    for run in RunKind::ALL {
+        let wanted = run_modules(run);
+        if !wanted.is_empty() {
+            runs.push((run, dep.load_plan_after(&common.order, wanted, &builtin)?));
+        }
+    }
+    Ok(GuestPlan { common, runs })
 }
 
 /// A module file's contents ready for busybox `insmod`: `.ko` as is, `.ko.xz`
@@ -227,6 +299,12 @@ kernel/drivers/virtio/virtio_ring.ko:
 kernel/drivers/virtio/virtio.ko: kernel/drivers/virtio/virtio_ring.ko
 kernel/crypto/crypto_engine.ko:
 kernel/drivers/crypto/virtio/virtio_crypto.ko: kernel/crypto/crypto_engine.ko kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
+kernel/drivers/vfio/vfio.ko:
+kernel/drivers/vfio/vfio_virqfd.ko:
+kernel/drivers/vfio/vfio_iommu_type1.ko: kernel/drivers/vfio/vfio.ko
+kernel/drivers/vfio/pci/vfio-pci-core.ko: kernel/drivers/vfio/vfio_virqfd.ko kernel/drivers/vfio/vfio.ko kernel/virt/lib/irqbypass.ko
+kernel/drivers/vfio/pci/vfio-pci.ko: kernel/drivers/vfio/pci/vfio-pci-core.ko kernel/drivers/vfio/vfio_virqfd.ko kernel/drivers/vfio/vfio.ko kernel/virt/lib/irqbypass.ko
+kernel/virt/lib/irqbypass.ko:
 ";
 
     fn plan(wanted: &[&str]) -> LoadPlan {
@@ -296,6 +374,30 @@ kernel/drivers/crypto/virtio/virtio_crypto.ko: kernel/crypto/crypto_engine.ko ke
     }
 
     #[test]
+    fn the_vfio_modules_load_after_their_dependencies_and_the_common_ones() {
+        let dep = ModulesDep::parse(DEP).unwrap();
+        let builtin = BTreeSet::new();
+        // The common list already loaded virtio (and vfio, to show it is left out).
+        let common = dep.load_plan(&["virtio_crypto", "vfio"], &builtin).unwrap();
+        let vfio = dep
+            .load_plan_after(&common.order, VFIO_MODULES, &builtin)
+            .unwrap();
+        assert_eq!(
+            vfio.order,
+            [
+                "kernel/drivers/vfio/vfio_iommu_type1.ko",
+                "kernel/drivers/vfio/vfio_virqfd.ko",
+                "kernel/virt/lib/irqbypass.ko",
+                "kernel/drivers/vfio/pci/vfio-pci-core.ko",
+                "kernel/drivers/vfio/pci/vfio-pci.ko",
+            ]
+        );
+        assert!(vfio.skipped.is_empty());
+        assert_eq!(run_modules(RunKind::Plain), &[] as &[&str]);
+        assert_eq!(run_modules(RunKind::Vfio), VFIO_MODULES);
+    }
+
+    #[test]
     fn a_dependency_cycle_is_an_error() {
         let dep = "a.ko: b.ko\nb.ko: a.ko\n";
         let error = ModulesDep::parse(dep)
@@ -324,10 +426,26 @@ kernel/drivers/crypto/virtio/virtio_crypto.ko: kernel/crypto/crypto_engine.ko ke
         else {
             return;
         };
-        let plan = plan_for(&dir).unwrap();
+        let guest = plan_for(&dir).unwrap();
+        let plan = &guest.common;
         assert!(
             plan.order.iter().any(|p| name_of(p) == "af_alg"),
             "{plan:?}"
+        );
+        // The vfio run's own modules: dependencies first, none of the common ones.
+        let (run, vfio) = &guest.runs[0];
+        assert_eq!(*run, RunKind::Vfio);
+        let names: Vec<String> = vfio.order.iter().map(|p| name_of(p)).collect();
+        let at = |name: &str| names.iter().position(|n| n == name);
+        if let (Some(bypass), Some(core), Some(pci)) =
+            (at("irqbypass"), at("vfio_pci_core"), at("vfio_pci"))
+        {
+            assert!(bypass < core && core < pci, "{names:?}");
+            assert!(at("vfio") < Some(core), "{names:?}");
+        }
+        assert!(
+            !vfio.order.iter().any(|p| plan.order.contains(p)),
+            "{guest:?}"
         );
         let virtio_crypto = plan
             .order

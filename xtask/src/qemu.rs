@@ -22,6 +22,7 @@ use anyhow::{Context, Result};
 use clap::ValueEnum;
 
 use crate::guest_log::{Ending, LogParser, RunReport};
+use crate::qmp;
 
 /// How long a KVM guest may take to reach `/init` before TCG takes over.
 pub const KVM_BOOT_WINDOW: Duration = Duration::from_secs(30);
@@ -30,24 +31,41 @@ const SIGN_OF_LIFE: &str = "VMTEST-INIT";
 /// How long to wait for QEMU's output to drain once it exited or was killed.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// The two guest configurations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// The guest configurations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum RunKind {
     /// No devices: AF_ALG on the guest CPU.
     Plain,
     /// With a virtio-crypto PCI device (QEMU's builtin backend, no IOMMU).
     Virtio,
+    /// q35 with an emulated Intel IOMMU and two virtio-crypto devices, each
+    /// behind its own PCIe root port, bound to vfio-pci in the guest for a
+    /// userspace driver; QEMU has a QMP socket for hot-unplug requests.
+    Vfio,
 }
 
 impl RunKind {
+    /// Every run, in the order `--run all` boots them.
+    pub const ALL: [Self; 3] = [Self::Plain, Self::Virtio, Self::Vfio];
+
     /// The run's name in logs and on the kernel command line.
     pub fn name(self) -> &'static str {
         match self {
             Self::Plain => "plain",
             Self::Virtio => "virtio",
+            Self::Vfio => "vfio",
         }
     }
+
+    /// True if the run's QEMU gets a QMP socket (see [`crate::qmp`]).
+    pub fn has_qmp(self) -> bool {
+        self == Self::Vfio
+    }
 }
+
+/// The QEMU ids of the vfio run's virtio-crypto devices, in PCI slot order
+/// (`crypto0` behind root port `rp1`, ...). `VMTEST-QMP device_del` names them.
+pub const VFIO_DEVICE_IDS: [&str; 2] = ["crypto0", "crypto1"];
 
 /// The accelerator policy asked for on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -131,28 +149,72 @@ pub struct Machine {
 }
 
 impl Machine {
-    /// The QEMU command line of one run.
-    pub fn command(&self, run: RunKind, accel: Accel) -> Command {
+    /// The QEMU command line of one run; `qmp` is the QMP socket to listen
+    /// on (for runs that [have one](RunKind::has_qmp)).
+    pub fn command(&self, run: RunKind, accel: Accel, qmp: Option<&Path>) -> Command {
         let mut command = Command::new(&self.qemu);
+        command.args(accel.args());
+        if run == RunKind::Vfio {
+            // The IOMMU first: QEMU wants it before the devices behind it.
+            // Interrupt remapping needs the split irqchip (under KVM; TCG
+            // accepts it), and caching mode lets a guest's VFIO map DMA.
+            command.args([
+                "-machine",
+                "q35,kernel-irqchip=split",
+                "-device",
+                "intel-iommu,intremap=on,caching-mode=on",
+            ]);
+        }
+        let mut append = format!(
+            "console=ttyS0 quiet panic=-1 VMTEST_RUN={} CRYPTO_OFFLOAD_GUEST=1",
+            run.name()
+        );
+        if run == RunKind::Vfio {
+            append.push_str(" intel_iommu=on");
+        }
         command
-            .args(accel.args())
             .args(["-m", "1024", "-smp", "2", "-nographic", "-no-reboot"])
             .arg("-kernel")
             .arg(&self.kernel)
             .arg("-initrd")
             .arg(&self.initrd)
             .arg("-append")
-            .arg(format!(
-                "console=ttyS0 quiet panic=-1 VMTEST_RUN={} CRYPTO_OFFLOAD_GUEST=1",
-                run.name()
-            ));
-        if run == RunKind::Virtio {
-            command.args([
-                "-object",
-                "cryptodev-backend-builtin,id=cryptodev0",
-                "-device",
-                "virtio-crypto-pci,cryptodev=cryptodev0",
-            ]);
+            .arg(append);
+        match run {
+            RunKind::Plain => {}
+            RunKind::Virtio => {
+                command.args([
+                    "-object",
+                    "cryptodev-backend-builtin,id=cryptodev0",
+                    "-device",
+                    "virtio-crypto-pci,cryptodev=cryptodev0",
+                ]);
+            }
+            RunKind::Vfio => {
+                // Each device behind its own root port: its own IOMMU group,
+                // a PCI PM capability (VFIO_DEVICE_RESET, runtime PM) and
+                // hot-unplug (`device_del` over QMP).
+                for (n, id) in VFIO_DEVICE_IDS.iter().enumerate() {
+                    let port = n + 1;
+                    command.args([
+                        "-object".into(),
+                        format!("cryptodev-backend-builtin,id=cryptodev{n}"),
+                        "-device".into(),
+                        format!("pcie-root-port,id=rp{port},bus=pcie.0,chassis={port},slot={port}"),
+                        "-device".into(),
+                        format!(
+                            "virtio-crypto-pci,id={id},bus=rp{port},cryptodev=cryptodev{n},iommu_platform=on,disable-legacy=on"
+                        ),
+                    ]);
+                }
+            }
+        }
+        if let Some(socket) = qmp {
+            // QEMU's option syntax doubles a comma inside a value.
+            let socket = socket.to_string_lossy().replace(',', ",,");
+            command
+                .arg("-qmp")
+                .arg(format!("unix:{socket},server=on,wait=off"));
         }
         command
     }
@@ -229,10 +291,12 @@ impl Attempt {
     }
 }
 
-/// What the reader threads send: a console line, or the end of a stream.
+/// What the reader threads send: a console line, the end of a console
+/// stream, or a message from QEMU's QMP socket.
 enum Event {
     Line(String),
     Closed,
+    Qmp(serde_json::Value),
 }
 
 /// A running QEMU. Dropping it kills QEMU if it still runs, so no path out
@@ -265,8 +329,21 @@ impl Drop for Qemu {
     }
 }
 
+/// The run's QMP connection, made at the guest's first request.
+enum QmpLink {
+    /// The run has no QMP socket.
+    Absent,
+    /// QEMU listens here; not connected yet.
+    Listening(PathBuf),
+    /// Connected, past the handshake.
+    Connected(qmp::Client),
+    /// Connecting failed (later requests fail without retrying).
+    Failed(String),
+}
+
 /// Where console lines go: the terminal (tagged with the run), the log
-/// (with host timestamps) and the parser.
+/// (with host timestamps) and the parser. `VMTEST-QMP` requests among them
+/// go to QEMU's QMP socket.
 struct Console {
     tag: String,
     log: BufWriter<File>,
@@ -274,6 +351,9 @@ struct Console {
     started: Instant,
     /// True once the guest printed [`SIGN_OF_LIFE`].
     alive: bool,
+    qmp: QmpLink,
+    /// Where the QMP reader thread sends QEMU's messages.
+    events: Sender<Event>,
 }
 
 impl Console {
@@ -283,6 +363,9 @@ impl Console {
         println!("[{}] {line}", self.tag);
         writeln!(self.log, "[{:8.3}] {line}", at.as_secs_f64())?;
         self.parser.line(at, line);
+        if let Some(request) = qmp::parse_request(line) {
+            self.qmp_request(request)?;
+        }
         Ok(())
     }
 
@@ -290,6 +373,88 @@ impl Console {
     fn note(&mut self, message: &str) -> Result<()> {
         eprintln!("vm-test: [{}] {message}", self.tag);
         writeln!(self.log, "# {message}")?;
+        Ok(())
+    }
+
+    /// A harness message that also fails the run.
+    fn fail(&mut self, message: String) -> Result<()> {
+        self.note(&message)?;
+        self.parser.fail(message);
+        Ok(())
+    }
+
+    /// Sends a guest's request to QMP, connecting first if need be. The
+    /// reply is logged when it arrives ([`Self::qmp_message`]).
+    fn qmp_request(&mut self, request: Result<qmp::Request, String>) -> Result<()> {
+        let request = match request {
+            Ok(request) => request,
+            Err(why) => return self.fail(format!("QMP: malformed {} request: {why}", qmp::MARKER)),
+        };
+        if let QmpLink::Listening(path) = &self.qmp {
+            let events = self.events.clone();
+            self.qmp = match qmp::Client::connect(path, qmp::IO_TIMEOUT, move |message| {
+                events.send(Event::Qmp(message)).is_ok()
+            }) {
+                Ok(client) => QmpLink::Connected(client),
+                Err(error) => QmpLink::Failed(format!("{error:#}")),
+            };
+        }
+        let outcome = match &mut self.qmp {
+            QmpLink::Absent => Err(format!("the {} run has no QMP socket", self.tag)),
+            QmpLink::Listening(_) => unreachable!("connected above"),
+            QmpLink::Connected(client) => client.send(&request).map_err(|e| format!("{e:#}")),
+            QmpLink::Failed(why) => Err(why.clone()),
+        };
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(why) => self.fail(format!("QMP {}: not sent: {why}", request.command)),
+        }
+    }
+
+    /// Logs a message from QEMU's QMP socket; an error reply fails the run.
+    fn qmp_message(&mut self, message: serde_json::Value) -> Result<()> {
+        let QmpLink::Connected(client) = &mut self.qmp else {
+            return Ok(());
+        };
+        match client.classify(message) {
+            qmp::Incoming::Reply {
+                command,
+                reply,
+                error: None,
+            } => self.note(&format!("QMP {command}: {reply}")),
+            qmp::Incoming::Reply {
+                command,
+                reply,
+                error: Some(error),
+            } => {
+                self.note(&format!("QMP {command}: {reply}"))?;
+                self.parser.fail(format!("QMP {command} failed: {error}"));
+                Ok(())
+            }
+            qmp::Incoming::Event { name, data } => {
+                // When, on the clock of the console lines' timestamps.
+                let at = self.started.elapsed().as_secs_f64();
+                self.note(&format!("QMP event {name} at {at:.3} s: {data}"))
+            }
+            qmp::Incoming::Other(message) => self.note(&format!("QMP: {message}")),
+        }
+    }
+
+    /// Once QEMU is gone: logs what QMP still sent and the requests that
+    /// got no reply (the guest powered off first; not a failure by itself).
+    fn qmp_finish(&mut self, events: &mpsc::Receiver<Event>) -> Result<()> {
+        let QmpLink::Connected(client) = std::mem::replace(&mut self.qmp, QmpLink::Absent) else {
+            return Ok(());
+        };
+        let unanswered = client.finish();
+        while let Ok(event) = events.try_recv() {
+            if let Event::Qmp(message) = event {
+                self.qmp_message(message)?;
+            }
+        }
+        for command in unanswered {
+            self.note(&format!("QMP {command}: no reply before QEMU ended"))?;
+        }
         Ok(())
     }
 }
@@ -304,21 +469,33 @@ fn attempt(
     life_window: Option<Duration>,
     log_path: &Path,
 ) -> Result<Attempt> {
-    let mut command = machine.command(run, accel);
+    let qmp_socket = run
+        .has_qmp()
+        .then(|| qmp::socket_path(log_path.parent().unwrap_or(Path::new(".")), run.name()));
+    if let Some(socket) = &qmp_socket {
+        // A socket left by an earlier run: QEMU would fail to listen.
+        let _ = fs::remove_file(socket);
+    }
+    let mut command = machine.command(run, accel, qmp_socket.as_deref());
     let shown: Vec<String> = std::iter::once(command.get_program())
         .chain(command.get_args())
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     let log = File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let (sender, events) = mpsc::channel();
     let mut console = Console {
         tag: match accel {
             Accel::Tcg => run.name().to_owned(),
             Accel::Kvm => format!("{} kvm", run.name()),
         },
         log: BufWriter::new(log),
-        parser: LogParser::new(run == RunKind::Virtio),
+        parser: LogParser::new(run),
         started: Instant::now(),
         alive: life_window.is_none(),
+        qmp: qmp_socket
+            .clone()
+            .map_or(QmpLink::Absent, QmpLink::Listening),
+        events: sender.clone(),
     };
     console.note(&shown.join(" "))?;
     let mut qemu = Qemu(
@@ -329,7 +506,6 @@ fn attempt(
             .spawn()
             .with_context(|| format!("starting {}", machine.qemu.display()))?,
     );
-    let (sender, events) = mpsc::channel();
     let readers = [
         spawn_reader(qemu.0.stdout.take(), "", sender.clone()),
         spawn_reader(qemu.0.stderr.take(), "qemu: ", sender),
@@ -350,6 +526,7 @@ fn attempt(
         match events.recv_timeout(limit - elapsed) {
             Ok(Event::Line(line)) => console.line(&line)?,
             Ok(Event::Closed) => open_streams -= 1,
+            Ok(Event::Qmp(message)) => console.qmp_message(message)?,
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
@@ -373,6 +550,7 @@ fn attempt(
         match events.recv_timeout(drain_until.saturating_duration_since(Instant::now())) {
             Ok(Event::Line(line)) => console.line(&line)?,
             Ok(Event::Closed) => open_streams -= 1,
+            Ok(Event::Qmp(message)) => console.qmp_message(message)?,
             Err(_) => break,
         }
     }
@@ -387,6 +565,10 @@ fn attempt(
             "QEMU exited: {status} after {:.3} s",
             wall.as_secs_f64()
         ))?;
+    }
+    console.qmp_finish(&events)?;
+    if let Some(socket) = &qmp_socket {
+        let _ = fs::remove_file(socket);
     }
     console.log.flush()?;
     let ending = killed_after.map_or(Ending::Exited, Ending::TimedOut);
@@ -474,7 +656,7 @@ mod tests {
         };
         let args = |run, accel| -> Vec<String> {
             machine
-                .command(run, accel)
+                .command(run, accel, None)
                 .get_args()
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect()
@@ -492,6 +674,59 @@ mod tests {
             virtio
                 .iter()
                 .any(|a| a.ends_with("VMTEST_RUN=virtio CRYPTO_OFFLOAD_GUEST=1"))
+        );
+    }
+
+    #[test]
+    fn the_vfio_run_has_an_iommu_two_devices_on_root_ports_and_qmp() {
+        let machine = Machine {
+            qemu: "qemu".into(),
+            kernel: "/k".into(),
+            initrd: "/i".into(),
+        };
+        let command = machine.command(
+            RunKind::Vfio,
+            Accel::Tcg,
+            Some(Path::new("/t/vm-test,x/vfio.qmp")),
+        );
+        let args: Vec<String> = command
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let line = args.join(" ");
+        assert!(
+            line.starts_with(
+                "-accel tcg -cpu max -machine q35,kernel-irqchip=split \
+                 -device intel-iommu,intremap=on,caching-mode=on -m 1024 -smp 2 "
+            ),
+            "{line}"
+        );
+        assert!(
+            line.contains(" VMTEST_RUN=vfio CRYPTO_OFFLOAD_GUEST=1 intel_iommu=on "),
+            "{line}"
+        );
+        for n in 0..2 {
+            let port = n + 1;
+            assert!(
+                line.contains(&format!(
+                    "-object cryptodev-backend-builtin,id=cryptodev{n} \
+                     -device pcie-root-port,id=rp{port},bus=pcie.0,chassis={port},slot={port} \
+                     -device virtio-crypto-pci,id=crypto{n},bus=rp{port},cryptodev=cryptodev{n},iommu_platform=on,disable-legacy=on"
+                )),
+                "{line}"
+            );
+        }
+        // The socket path's comma is doubled for QEMU's option parser.
+        assert!(
+            line.ends_with("-qmp unix:/t/vm-test,,x/vfio.qmp,server=on,wait=off"),
+            "{line}"
+        );
+        assert!(RunKind::Vfio.has_qmp() && !RunKind::Virtio.has_qmp());
+        let virtio = machine.command(RunKind::Virtio, Accel::Tcg, None);
+        assert!(
+            !virtio
+                .get_args()
+                .any(|a| a.to_string_lossy().contains("iommu") || a == "-qmp")
         );
     }
 

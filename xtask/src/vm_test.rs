@@ -18,8 +18,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 
-use crate::guest_binaries::{self, BinSpec, GuestBinary, Workspace};
-use crate::guest_init::{self, BIN_DIR, MODULES_PATH, STEPS_PATH, TEST_ARGS_PATH, TESTS_DIR};
+use crate::guest_binaries::{self, BinSpec, GuestBinary, TestBinary, Workspace};
+use crate::guest_init::{
+    self, BIN_DIR, MODULES_PATH, STEPS_PATH, TEST_ARGS_PATH, TESTS_DIR, TESTS_PATH,
+};
 use crate::initramfs::{Initramfs, Source};
 use crate::modules::{self, Skipped};
 use crate::qemu::{self, AccelChooser, AccelPolicy, Machine, RunKind};
@@ -48,10 +50,11 @@ pub struct VmTestArgs {
     /// Which guest runs to boot.
     #[arg(long, value_enum, default_value_t = RunSelection::All)]
     pub run: RunSelection,
-    /// Package whose test binaries run in the guest (repeatable), as
+    /// Package whose test binaries run in every guest run (repeatable), as
     /// `PACKAGE[+FEATURE…][/TEST]` [default: crypto-offload-af-alg and
     /// crypto-offload+af-alg/af_alg if the workspace has them, else
-    /// crypto-offload-fallback].
+    /// crypto-offload-fallback; in the vfio run crypto-offload-vfio if the
+    /// workspace has it].
     #[arg(long = "package", short = 'p', value_name = "P")]
     pub packages: Vec<String>,
     /// Extra binary built --release into the guest's /bin (repeatable)
@@ -67,14 +70,16 @@ pub struct VmTestArgs {
     pub accel: AccelPolicy,
 }
 
-/// `--run`: one run or both.
+/// `--run`: one run or all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RunSelection {
     /// No devices.
     Plain,
     /// With virtio-crypto.
     Virtio,
-    /// Both, plain first.
+    /// With an emulated IOMMU and two virtio-crypto devices bound to vfio-pci.
+    Vfio,
+    /// All three: plain, virtio, vfio.
     All,
 }
 
@@ -83,9 +88,51 @@ impl RunSelection {
         match self {
             Self::Plain => &[RunKind::Plain],
             Self::Virtio => &[RunKind::Virtio],
-            Self::All => &[RunKind::Plain, RunKind::Virtio],
+            Self::Vfio => &[RunKind::Vfio],
+            Self::All => &RunKind::ALL,
         }
     }
+}
+
+/// The test specs to build and the runs that run each: every given
+/// `--package` in every run, or else each run's defaults
+/// ([`Workspace::default_test_packages_for`]), each spec once.
+fn test_plan(
+    workspace: &Workspace,
+    given: &[String],
+    runs: &[RunKind],
+) -> Vec<(String, Vec<RunKind>)> {
+    let mut plan: Vec<(String, Vec<RunKind>)> = Vec::new();
+    for &run in runs {
+        let specs = if given.is_empty() {
+            workspace.default_test_packages_for(run)
+        } else {
+            given.to_vec()
+        };
+        for spec in specs {
+            match plan.iter_mut().find(|(s, _)| *s == spec) {
+                Some((_, spec_runs)) if !spec_runs.contains(&run) => spec_runs.push(run),
+                Some(_) => {}
+                None => plan.push((spec, vec![run])),
+            }
+        }
+    }
+    plan
+}
+
+/// The runs that run each test binary: those of the specs that built it.
+fn runs_of_tests(plan: &[(String, Vec<RunKind>)], tests: &[TestBinary]) -> Vec<Vec<RunKind>> {
+    tests
+        .iter()
+        .map(|test| {
+            let runs: BTreeSet<RunKind> = test
+                .specs
+                .iter()
+                .flat_map(|&index| plan[index].1.iter().copied())
+                .collect();
+            runs.into_iter().collect()
+        })
+        .collect()
 }
 
 /// Whether every run passed.
@@ -113,12 +160,20 @@ pub fn run(args: &VmTestArgs) -> Result<Verdict> {
     let phase = Instant::now();
     let cargo = guest_binaries::cargo();
     let workspace = Workspace::load(&cargo)?;
-    let packages = if args.packages.is_empty() {
-        workspace.default_test_packages()
-    } else {
-        args.packages.clone()
-    };
-    let tests = guest_binaries::build_tests(&cargo, &workspace, &packages)?;
+    let plan = test_plan(&workspace, &args.packages, args.run.runs());
+    let specs: Vec<String> = plan.iter().map(|(spec, _)| spec.clone()).collect();
+    let tests = guest_binaries::build_tests(&cargo, &workspace, &specs)?;
+    let test_runs = runs_of_tests(&plan, &tests);
+    for (test, runs) in tests.iter().zip(&test_runs) {
+        if runs.len() < args.run.runs().len() {
+            let names: Vec<&str> = runs.iter().map(|r| r.name()).collect();
+            eprintln!(
+                "vm-test: test {} runs in the {} run(s) only",
+                test.binary.name,
+                names.join(", ")
+            );
+        }
+    }
     let bins = args
         .bin_packages
         .iter()
@@ -132,7 +187,7 @@ pub fn run(args: &VmTestArgs) -> Result<Verdict> {
     let boot_image = kernel::boot_image(&host.kernel.image, &vm_dir)?;
     eprintln!("vm-test: booting {}", boot_image.note);
     let stage = vm_dir.join("stage");
-    let initrd = pack_initramfs(&host, &tests, &bins, &args.skip, &stage)?;
+    let initrd = pack_initramfs(&host, &tests, &test_runs, &bins, &args.skip, &stage)?;
     phases.push(("kernel and initramfs", phase.elapsed()));
 
     let machine = Machine {
@@ -178,10 +233,13 @@ pub fn run(args: &VmTestArgs) -> Result<Verdict> {
 
 /// Packs busybox, the programs and their libraries, the modules and the
 /// guest's scripts into `stage/initramfs.cpio.gz` and returns its path. The
-/// stage also gets a manifest and copies of the generated files.
+/// stage also gets a manifest and copies of the generated files. One
+/// initramfs serves every run: `test_runs` (one entry per test) says which
+/// runs run each test, and each run's own modules are listed apart.
 fn pack_initramfs(
     host: &tools::HostTools,
-    tests: &[GuestBinary],
+    tests: &[TestBinary],
+    test_runs: &[Vec<RunKind>],
     bins: &[GuestBinary],
     skip: &[String],
     stage: &std::path::Path,
@@ -195,7 +253,8 @@ fn pack_initramfs(
     initramfs.add_file("/bin/busybox", Source::Host(host.busybox.clone()), 0o755)?;
 
     let mut libraries = BTreeSet::new();
-    for (dir, binaries) in [(TESTS_DIR, tests), (BIN_DIR, bins)] {
+    let test_binaries: Vec<GuestBinary> = tests.iter().map(|t| t.binary.clone()).collect();
+    for (dir, binaries) in [(TESTS_DIR, test_binaries.as_slice()), (BIN_DIR, bins)] {
         for binary in binaries {
             initramfs.add_file(
                 &format!("{dir}/{}", binary.name),
@@ -211,7 +270,7 @@ fn pack_initramfs(
     }
 
     let plan = modules::plan_for(&host.kernel.modules_dir)?;
-    for skipped in &plan.skipped {
+    for skipped in plan.skipped() {
         match skipped {
             Skipped::BuiltIn(name) => {
                 eprintln!("vm-test: module {name}: built in (modules.builtin), skipped")
@@ -224,28 +283,57 @@ fn pack_initramfs(
         }
     }
     let guest_modules_dir = format!("/lib/modules/{}", host.kernel.version);
-    let mut order = Vec::new();
-    for module in &plan.order {
-        let (bytes, plain) = modules::module_file(&host.kernel.modules_dir, module)?;
-        initramfs.add_file(
-            &format!("{guest_modules_dir}/{plain}"),
-            Source::Bytes(bytes),
-            0o644,
-        )?;
-        order.push(plain);
-    }
-
-    let generated = [
-        ("/init", guest_init::INIT_SCRIPT.to_owned(), 0o755),
+    let mut module_count = 0;
+    let mut add_modules = |initramfs: &mut Initramfs, plan: &modules::LoadPlan| {
+        let mut order = Vec::new();
+        for module in &plan.order {
+            let (bytes, plain) = modules::module_file(&host.kernel.modules_dir, module)?;
+            initramfs.add_file(
+                &format!("{guest_modules_dir}/{plain}"),
+                Source::Bytes(bytes),
+                0o644,
+            )?;
+            order.push(plain);
+        }
+        module_count += order.len();
+        anyhow::Ok(guest_init::modules_list(&guest_modules_dir, &order))
+    };
+    let mut generated = vec![
         (
-            MODULES_PATH,
-            guest_init::modules_list(&guest_modules_dir, &order),
+            "/init".to_owned(),
+            guest_init::INIT_SCRIPT.to_owned(),
+            0o755,
+        ),
+        (
+            MODULES_PATH.to_owned(),
+            add_modules(&mut initramfs, &plan.common)?,
             0o644,
         ),
-        (TEST_ARGS_PATH, guest_init::test_args(skip), 0o644),
-        (STEPS_PATH, guest_init::STEPS.to_owned(), 0o644),
     ];
+    for (run, run_plan) in &plan.runs {
+        generated.push((
+            guest_init::run_modules_path(*run),
+            add_modules(&mut initramfs, run_plan)?,
+            0o644,
+        ));
+    }
+    let tests_list = guest_init::tests_list(
+        tests
+            .iter()
+            .zip(test_runs)
+            .map(|(test, runs)| (test.binary.name.as_str(), runs.as_slice())),
+    );
+    generated.extend([
+        (TESTS_PATH.to_owned(), tests_list, 0o644),
+        (
+            TEST_ARGS_PATH.to_owned(),
+            guest_init::test_args(skip),
+            0o644,
+        ),
+        (STEPS_PATH.to_owned(), guest_init::STEPS.to_owned(), 0o644),
+    ]);
     for (path, text, mode) in generated {
+        let path = path.as_str();
         initramfs.add_file(path, Source::Bytes(text.clone().into_bytes()), mode)?;
         let copy = stage.join(path.trim_start_matches('/'));
         fs::create_dir_all(copy.parent().unwrap_or(stage))?;
@@ -262,10 +350,94 @@ fn pack_initramfs(
         path.display(),
         written.entries,
         tests.len(),
-        order.len(),
+        module_count,
         written.content_bytes as f64 / f64::from(1 << 20),
         packed as f64 / f64::from(1 << 20),
         started.elapsed().as_secs_f64()
     );
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest_binaries::{AF_ALG_PACKAGE, FALLBACK_PACKAGE, Package, VFIO_PACKAGE};
+
+    fn workspace(packages: &[&str]) -> Workspace {
+        Workspace {
+            workspace_root: "/r".into(),
+            target_directory: "/r/target".into(),
+            packages: packages
+                .iter()
+                .map(|name| Package {
+                    name: (*name).into(),
+                    targets: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn all_runs_in_order() {
+        assert_eq!(
+            RunSelection::All.runs(),
+            [RunKind::Plain, RunKind::Virtio, RunKind::Vfio]
+        );
+        assert_eq!(RunSelection::Vfio.runs(), [RunKind::Vfio]);
+    }
+
+    #[test]
+    fn the_vfio_run_gets_the_vfio_package_by_default_and_given_ones_go_everywhere() {
+        let all = RunSelection::All.runs();
+        let with_vfio = workspace(&[FALLBACK_PACKAGE, AF_ALG_PACKAGE, VFIO_PACKAGE]);
+        assert_eq!(
+            test_plan(&with_vfio, &[], all),
+            [
+                (
+                    AF_ALG_PACKAGE.to_owned(),
+                    vec![RunKind::Plain, RunKind::Virtio]
+                ),
+                (VFIO_PACKAGE.to_owned(), vec![RunKind::Vfio]),
+            ]
+        );
+        // Only what the selected runs need is built.
+        assert_eq!(
+            test_plan(&with_vfio, &[], &[RunKind::Plain]),
+            [(AF_ALG_PACKAGE.to_owned(), vec![RunKind::Plain])]
+        );
+        // Without the VFIO package the vfio run runs the others' defaults.
+        let without = workspace(&[FALLBACK_PACKAGE]);
+        assert_eq!(
+            test_plan(&without, &[], all),
+            [(FALLBACK_PACKAGE.to_owned(), all.to_vec())]
+        );
+        let given = [FALLBACK_PACKAGE.to_owned()];
+        assert_eq!(
+            test_plan(&with_vfio, &given, &[RunKind::Vfio]),
+            [(FALLBACK_PACKAGE.to_owned(), vec![RunKind::Vfio])]
+        );
+    }
+
+    #[test]
+    fn a_test_runs_in_the_runs_of_every_spec_that_built_it() {
+        let plan = vec![
+            ("a".to_owned(), vec![RunKind::Virtio, RunKind::Plain]),
+            ("b".to_owned(), vec![RunKind::Vfio]),
+        ];
+        let test = |specs: &[usize]| TestBinary {
+            binary: GuestBinary {
+                name: "t".into(),
+                host_path: "/t".into(),
+            },
+            specs: specs.iter().copied().collect(),
+        };
+        assert_eq!(
+            runs_of_tests(&plan, &[test(&[0]), test(&[1]), test(&[1, 0])]),
+            [
+                vec![RunKind::Plain, RunKind::Virtio],
+                vec![RunKind::Vfio],
+                vec![RunKind::Plain, RunKind::Virtio, RunKind::Vfio],
+            ]
+        );
+    }
 }

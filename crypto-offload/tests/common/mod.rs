@@ -25,6 +25,8 @@ pub struct Engine {
     pub refuse: bool,
     /// It takes one XTS data unit per operation.
     pub per_unit: bool,
+    /// It takes only lengths (data units) that are multiples of this.
+    pub multiple: usize,
     pub requests: Arc<AtomicUsize>,
 }
 
@@ -37,6 +39,7 @@ impl Engine {
             corrupt: false,
             refuse: false,
             per_unit: false,
+            multiple: 1,
             requests: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -44,6 +47,13 @@ impl Engine {
     /// It takes one XTS data unit per operation, as AF_ALG engines do.
     pub fn per_unit(mut self) -> Self {
         self.per_unit = true;
+        self
+    }
+
+    /// It takes only lengths that are multiples of `n` (as a device without
+    /// XTS ciphertext stealing).
+    pub fn multiple_of(mut self, n: usize) -> Self {
+        self.multiple = n;
         self
     }
 
@@ -185,6 +195,9 @@ impl Backend for Engine {
     }
     fn one_operation_per_unit(&self, _alg: Algorithm) -> bool {
         self.per_unit
+    }
+    fn length_multiple(&self, _alg: Algorithm) -> usize {
+        self.multiple
     }
     async fn open_cipher(
         &self,

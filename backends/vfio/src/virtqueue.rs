@@ -1,0 +1,321 @@
+//! A split virtqueue (virtio 1.x §2.7) in DMA memory: the descriptor
+//! table, the driver ("available") ring and the device ("used") ring, with
+//! a free list of descriptors kept on this side.
+
+use std::sync::atomic::{Ordering, fence};
+
+use crate::dma::DmaBuf;
+use crate::error::Error;
+
+const DESC_F_NEXT: u16 = 1;
+const DESC_F_WRITE: u16 = 2;
+/// `VIRTQ_USED_F_NO_NOTIFY`: the device asks not to be notified.
+const USED_F_NO_NOTIFY: u16 = 1;
+
+/// One buffer of a request: a device address, a length, and whether the
+/// device writes it (else reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// Its device address.
+    pub iova: u64,
+    /// Its length.
+    pub len: u32,
+    /// The device writes it.
+    pub device_writes: bool,
+}
+
+/// A split virtqueue of `size` descriptors.
+#[derive(Debug)]
+pub struct SplitQueue {
+    mem: DmaBuf,
+    size: u16,
+    /// Free descriptors, as a stack.
+    free: Vec<u16>,
+    /// Each descriptor's successor in its chain (this side's copy: the
+    /// device may scribble on the table).
+    next: Vec<Option<u16>>,
+    /// Where the next available entry goes (free-running).
+    avail_idx: u16,
+    /// The used entries consumed so far (free-running).
+    last_used: u16,
+}
+
+impl SplitQueue {
+    /// Bytes of DMA memory a queue of `size` needs.
+    pub fn bytes(size: u16) -> usize {
+        let n = usize::from(size);
+        Self::used_offset(size) + 6 + 8 * n
+    }
+
+    fn avail_offset(size: u16) -> usize {
+        16 * usize::from(size)
+    }
+
+    fn used_offset(size: u16) -> usize {
+        // The used ring is 4-byte aligned.
+        (Self::avail_offset(size) + 6 + 2 * usize::from(size)).next_multiple_of(4)
+    }
+
+    /// A queue of `size` (a power of two up to 32768) in `mem` (at least
+    /// [`SplitQueue::bytes`] long, zeroed).
+    pub fn new(mem: DmaBuf, size: u16) -> Result<SplitQueue, Error> {
+        if size == 0 || !size.is_power_of_two() || size > 32768 || mem.len() < Self::bytes(size) {
+            return Err(Error::Invalid {
+                what: "queue size",
+                detail: format!("{size} in {} bytes", mem.len()),
+            });
+        }
+        Ok(SplitQueue {
+            mem,
+            size,
+            free: (0..size).rev().collect(),
+            next: vec![None; usize::from(size)],
+            avail_idx: 0,
+            last_used: 0,
+        })
+    }
+
+    /// Its size.
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// Free descriptors.
+    pub fn free_descriptors(&self) -> usize {
+        self.free.len()
+    }
+
+    /// The device addresses of the descriptor table, the available ring and
+    /// the used ring.
+    pub fn addresses(&self) -> (u64, u64, u64) {
+        (
+            self.mem.iova(0),
+            self.mem.iova(Self::avail_offset(self.size)),
+            self.mem.iova(Self::used_offset(self.size)),
+        )
+    }
+
+    /// Makes `chain` available to the device; its head descriptor's index,
+    /// or `None` if there are not enough free descriptors (try again after
+    /// completions).
+    pub fn push(&mut self, chain: &[Segment]) -> Result<Option<u16>, Error> {
+        if chain.is_empty() || chain.len() > usize::from(self.size) {
+            return Err(Error::Invalid {
+                what: "descriptor chain",
+                detail: format!("{} segments", chain.len()),
+            });
+        }
+        if self.free.len() < chain.len() {
+            return Ok(None);
+        }
+        let ids: Vec<u16> = (0..chain.len()).filter_map(|_| self.free.pop()).collect();
+        for (i, (seg, &id)) in chain.iter().zip(&ids).enumerate() {
+            let next = ids.get(i + 1).copied();
+            let mut flags = if seg.device_writes { DESC_F_WRITE } else { 0 };
+            if next.is_some() {
+                flags |= DESC_F_NEXT;
+            }
+            self.write_desc(id, seg.iova, seg.len, flags, next.unwrap_or(0))?;
+            self.next[usize::from(id)] = next;
+        }
+        let head = ids[0];
+        let slot = usize::from(self.avail_idx % self.size);
+        let avail = Self::avail_offset(self.size);
+        self.mem.write_u16(avail + 4 + 2 * slot, head)?;
+        // The entry before the index that publishes it.
+        fence(Ordering::SeqCst);
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        self.mem.write_u16(avail + 2, self.avail_idx)?;
+        fence(Ordering::SeqCst);
+        Ok(Some(head))
+    }
+
+    /// Its indices: this side's and what the rings in memory say.
+    pub fn diagnose(&self) -> String {
+        let avail = self.mem.read_u16(Self::avail_offset(self.size) + 2);
+        let used = self.mem.read_u16(Self::used_offset(self.size) + 2);
+        let flags = self.mem.read_u16(Self::used_offset(self.size));
+        format!(
+            "size {}, avail {} (ring {:?}), used ring {:?} flags {:?}, consumed {}, {} free",
+            self.size,
+            self.avail_idx,
+            avail.ok(),
+            used.ok(),
+            flags.ok(),
+            self.last_used,
+            self.free.len()
+        )
+    }
+
+    /// Whether the device wants a notification for what was pushed.
+    pub fn needs_notify(&self) -> Result<bool, Error> {
+        let used = Self::used_offset(self.size);
+        Ok(self.mem.read_u16(used)? & USED_F_NO_NOTIFY == 0)
+    }
+
+    /// The next completion: the head of a chain the device is done with and
+    /// the bytes it wrote; its descriptors are free again.
+    pub fn pop_used(&mut self) -> Result<Option<(u16, u32)>, Error> {
+        let used = Self::used_offset(self.size);
+        let idx = self.mem.read_u16(used + 2)?;
+        if idx == self.last_used {
+            return Ok(None);
+        }
+        // The index before the entry it covers.
+        fence(Ordering::SeqCst);
+        let slot = usize::from(self.last_used % self.size);
+        let id = self.mem.read_u32(used + 4 + 8 * slot)?;
+        let len = self.mem.read_u32(used + 8 + 8 * slot)?;
+        self.last_used = self.last_used.wrapping_add(1);
+        let head = u16::try_from(id)
+            .ok()
+            .filter(|&h| h < self.size)
+            .ok_or_else(|| Error::Device(format!("used ring names descriptor {id}")))?;
+        // Free the chain, by this side's links.
+        let mut at = Some(head);
+        let mut guard = 0;
+        while let Some(d) = at {
+            if self.free.contains(&d) || guard > usize::from(self.size) {
+                return Err(Error::Device(format!("descriptor {d} completed twice")));
+            }
+            self.free.push(d);
+            at = self.next[usize::from(d)].take();
+            guard += 1;
+        }
+        Ok(Some((head, len)))
+    }
+
+    fn write_desc(&self, id: u16, addr: u64, len: u32, flags: u16, next: u16) -> Result<(), Error> {
+        let at = 16 * usize::from(id);
+        self.mem.write_u64(at, addr)?;
+        self.mem.write_u32(at + 8, len)?;
+        self.mem.write_u16(at + 12, flags)?;
+        self.mem.write_u16(at + 14, next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::dma::DmaPool;
+
+    /// Plays the device: takes the next available chain and completes it.
+    fn device_completes(
+        q: &SplitQueue,
+        seen_avail: &mut u16,
+        written: u32,
+    ) -> Vec<(u64, u32, u16)> {
+        let avail = SplitQueue::avail_offset(q.size);
+        let used = SplitQueue::used_offset(q.size);
+        let idx = q.mem.read_u16(avail + 2).unwrap();
+        assert_ne!(idx, *seen_avail, "nothing available");
+        let head = q
+            .mem
+            .read_u16(avail + 4 + 2 * usize::from(*seen_avail % q.size))
+            .unwrap();
+        *seen_avail = seen_avail.wrapping_add(1);
+        let mut chain = Vec::new();
+        let mut d = head;
+        loop {
+            let at = 16 * usize::from(d);
+            let addr = q.mem.read_u64(at).unwrap();
+            let len = q.mem.read_u32(at + 8).unwrap();
+            let flags = q.mem.read_u16(at + 12).unwrap();
+            chain.push((addr, len, flags));
+            if flags & DESC_F_NEXT == 0 {
+                break;
+            }
+            d = q.mem.read_u16(at + 14).unwrap();
+        }
+        let uidx = q.mem.read_u16(used + 2).unwrap();
+        let slot = usize::from(uidx % q.size);
+        q.mem
+            .write_u32(used + 4 + 8 * slot, u32::from(head))
+            .unwrap();
+        q.mem.write_u32(used + 8 + 8 * slot, written).unwrap();
+        q.mem.write_u16(used + 2, uidx.wrapping_add(1)).unwrap();
+        chain
+    }
+
+    fn queue(size: u16) -> SplitQueue {
+        let pool = Arc::new(DmaPool::unmapped(64 * 1024).unwrap());
+        let mem = pool.try_alloc(SplitQueue::bytes(size)).unwrap().unwrap();
+        SplitQueue::new(mem, size).unwrap()
+    }
+
+    #[test]
+    fn chains_go_out_linked_and_come_back_free() {
+        let mut q = queue(4);
+        let seg = |iova, len, device_writes| Segment {
+            iova,
+            len,
+            device_writes,
+        };
+        let head = q
+            .push(&[
+                seg(0x1000, 72, false),
+                seg(0x2000, 16, true),
+                seg(0x3000, 1, true),
+            ])
+            .unwrap()
+            .unwrap();
+        assert_eq!(q.free_descriptors(), 1);
+        assert!(
+            q.push(&[seg(0, 1, false), seg(0, 1, false)])
+                .unwrap()
+                .is_none(),
+            "full"
+        );
+        assert!(q.needs_notify().unwrap());
+        let mut seen = 0;
+        let chain = device_completes(&q, &mut seen, 17);
+        assert_eq!(
+            chain,
+            vec![
+                (0x1000, 72, DESC_F_NEXT),
+                (0x2000, 16, DESC_F_NEXT | DESC_F_WRITE),
+                (0x3000, 1, DESC_F_WRITE)
+            ]
+        );
+        assert_eq!(q.pop_used().unwrap(), Some((head, 17)));
+        assert_eq!(q.pop_used().unwrap(), None);
+        assert_eq!(q.free_descriptors(), 4);
+    }
+
+    #[test]
+    fn indices_wrap_around_the_ring_and_past_u16() {
+        let mut q = queue(2);
+        let mut seen = 0u16;
+        for i in 0..70_000u32 {
+            let head = q
+                .push(&[Segment {
+                    iova: u64::from(i),
+                    len: 1,
+                    device_writes: false,
+                }])
+                .unwrap()
+                .unwrap();
+            device_completes(&q, &mut seen, i);
+            assert_eq!(q.pop_used().unwrap(), Some((head, i)));
+        }
+        assert_eq!(q.free_descriptors(), 2);
+    }
+
+    #[test]
+    fn a_lying_device_is_an_error_not_a_panic() {
+        let mut q = queue(2);
+        q.push(&[Segment {
+            iova: 0,
+            len: 1,
+            device_writes: false,
+        }])
+        .unwrap();
+        let used = SplitQueue::used_offset(2);
+        q.mem.write_u32(used + 4, 7).unwrap(); // no descriptor 7
+        q.mem.write_u16(used + 2, 1).unwrap();
+        assert!(matches!(q.pop_used(), Err(Error::Device(_))));
+        assert!(SplitQueue::new(q.mem, 3).is_err(), "not a power of two");
+    }
+}

@@ -1,0 +1,427 @@
+//! Tests against real virtio-crypto devices through VFIO: in the QEMU guest
+//! (`cargo xtask vm-test --run vfio`), which binds its two devices to
+//! `vfio-pci` and lists them in `VMTEST_VFIO_DEVICES`. Elsewhere they check
+//! that the absence of devices is reported with a reason, and say that the
+//! device tests did not run.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Waker};
+
+use crypto_offload_fallback as fb;
+use crypto_offload_vfio::{CipherAlgo, CryptoDevice, Error, devices, unavailable_reason};
+use proptest::prelude::*;
+
+/// The devices the guest bound for us; none elsewhere.
+fn guest_devices() -> Vec<String> {
+    match std::env::var("VMTEST_VFIO_DEVICES") {
+        Ok(list) => {
+            let listed: Vec<String> = list.split_whitespace().map(str::to_owned).collect();
+            assert!(!listed.is_empty(), "the vfio run bound no device");
+            let (usable, elsewhere) = devices();
+            assert_eq!(
+                usable, listed,
+                "discovery disagrees with the guest (elsewhere: {elsewhere:?})"
+            );
+            listed
+        }
+        Err(_) => {
+            let reason = unavailable_reason();
+            eprintln!("no VFIO virtio-crypto device here ({reason:?}): device tests not run");
+            if devices().0.is_empty() {
+                assert!(reason.is_some(), "no device and no reason");
+            }
+            Vec::new()
+        }
+    }
+}
+
+/// A VFIO group opens once at a time: tests take turns with the devices.
+fn exclusive() -> MutexGuard<'static, ()> {
+    static DEVICES: Mutex<()> = Mutex::new(());
+    DEVICES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The fallback's result.
+fn reference(algo: CipherAlgo, encrypt: bool, key: &[u8], iv: &[u8], data: &mut [u8]) {
+    let iv16: [u8; 16] = iv.try_into().unwrap_or([0; 16]);
+    match algo {
+        CipherAlgo::AesEcb => {
+            let c = fb::Cbc::new(key).unwrap();
+            for block in data.chunks_mut(16) {
+                if encrypt {
+                    c.encrypt(&[0; 16], block).unwrap();
+                } else {
+                    c.decrypt(&[0; 16], block).unwrap();
+                }
+            }
+        }
+        CipherAlgo::AesCbc => {
+            let c = fb::Cbc::new(key).unwrap();
+            if encrypt {
+                c.encrypt(&iv16, data).unwrap();
+            } else {
+                c.decrypt(&iv16, data).unwrap();
+            }
+        }
+        CipherAlgo::AesCtr => fb::Ctr::new(key)
+            .unwrap()
+            .apply_keystream(&iv16, data)
+            .unwrap(),
+        CipherAlgo::AesXts => {
+            let x = fb::Xts::new(key).unwrap();
+            if encrypt {
+                x.encrypt(&iv16, data).unwrap();
+            } else {
+                x.decrypt(&iv16, data).unwrap();
+            }
+        }
+    }
+}
+
+fn key(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+        .collect()
+}
+
+fn valid_len(algo: CipherAlgo, len: usize) -> usize {
+    match algo {
+        CipherAlgo::AesEcb | CipherAlgo::AesCbc => len / 16 * 16,
+        // Whole blocks: the device has no ciphertext stealing.
+        CipherAlgo::AesXts => (len / 16 * 16).max(16),
+        CipherAlgo::AesCtr => len,
+    }
+}
+
+/// The first thing to check on a new machine: one session and one request,
+/// each within 10 s, with the device's state printed if not.
+#[test]
+fn a_first_request_completes() {
+    let _turn = exclusive();
+    let rt = rt();
+    for address in guest_devices() {
+        rt.block_on(async {
+            let dev = CryptoDevice::open(&address).await.unwrap();
+            eprintln!("{address}: opened: {}", dev.diagnose());
+            let within = std::time::Duration::from_secs(10);
+            let s = match tokio::time::timeout(
+                within,
+                dev.cipher_session(CipherAlgo::AesCbc, &[1; 16]),
+            )
+            .await
+            {
+                Ok(s) => s.unwrap(),
+                Err(_) => panic!("{address}: no session within 10 s: {}", dev.diagnose()),
+            };
+            match tokio::time::timeout(within, s.encrypt(&[0; 16], vec![0; 16])).await {
+                Ok(r) => {
+                    let mut want = vec![0u8; 16];
+                    reference(CipherAlgo::AesCbc, true, &[1; 16], &[0; 16], &mut want);
+                    assert_eq!(r.unwrap(), want);
+                }
+                Err(_) => panic!("{address}: no completion within 10 s: {}", dev.diagnose()),
+            }
+            // What the device does with an XTS request that ends in a
+            // partial block (ciphertext stealing), for the record.
+            let k = key(32, 1);
+            let x = dev.cipher_session(CipherAlgo::AesXts, &k).await.unwrap();
+            let mut want = vec![3u8; 20];
+            reference(CipherAlgo::AesXts, true, &k, &[0; 16], &mut want);
+            match x.encrypt(&[0; 16], vec![3; 20]).await {
+                Ok(got) => eprintln!(
+                    "XTS 20 bytes: {}",
+                    if got == want { "right" } else { "WRONG" }
+                ),
+                Err(f) => eprintln!("XTS 20 bytes: {}", f.error),
+            }
+        });
+    }
+}
+
+#[test]
+fn every_mode_and_key_size_matches_the_fallback_on_every_device() {
+    let _turn = exclusive();
+    let rt = rt();
+    for address in guest_devices() {
+        rt.block_on(async {
+            let dev = CryptoDevice::open(&address).await.unwrap();
+            eprintln!("{address}: {:?}", dev.config());
+            for algo in CipherAlgo::ALL {
+                for &key_len in algo.key_lens() {
+                    let k = key(key_len, key_len as u8);
+                    let s = match dev.cipher_session(algo, &k).await {
+                        Ok(s) => s,
+                        Err(e) => panic!("{address} {algo:?} {key_len}-byte key: {e}"),
+                    };
+                    let iv: Vec<u8> = (0..algo.iv_len() as u8).collect();
+                    for len in [16usize, 32, 48, 512, 4096, 65536] {
+                        let plain: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+                        let mut want = plain.clone();
+                        reference(algo, true, &k, &iv, &mut want);
+                        let got = s.encrypt(&iv, plain.clone()).await.unwrap();
+                        assert!(got == want, "{address} {algo:?} {key_len} encrypt {len}");
+                        let back = s.decrypt(&iv, got).await.unwrap();
+                        assert!(back == plain, "{address} {algo:?} {key_len} decrypt {len}");
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn long_requests_chain_and_xts_units_take_consecutive_tweaks() {
+    let _turn = exclusive();
+    let rt = rt();
+    for address in guest_devices().into_iter().take(1) {
+        rt.block_on(async {
+            let dev = CryptoDevice::open(&address).await.unwrap();
+            let idle = dev.dma_units_in_use();
+            // Past MAX_REQUEST: pieces with the IV chained.
+            for algo in [CipherAlgo::AesCbc, CipherAlgo::AesCtr, CipherAlgo::AesEcb] {
+                let k = key(16, 5);
+                let s = dev.cipher_session(algo, &k).await.unwrap();
+                let iv = vec![0xfe; algo.iv_len()];
+                let len = 3 * crypto_offload_vfio::MAX_REQUEST + 48;
+                let plain: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+                let mut want = plain.clone();
+                reference(algo, true, &k, &iv, &mut want);
+                let got = s.encrypt(&iv, plain.clone()).await.unwrap();
+                assert!(got == want, "{algo:?} {len} bytes chained");
+                assert!(s.decrypt(&iv, got).await.unwrap() == plain);
+            }
+            // XTS: 16 sectors of 512 bytes, tweaks carrying across a byte.
+            let k = key(64, 6);
+            let x = dev.cipher_session(CipherAlgo::AesXts, &k).await.unwrap();
+            let mut first = [0u8; 16];
+            first[0] = 0xf8;
+            let plain: Vec<u8> = (0..16 * 512).map(|i| (i * 3) as u8).collect();
+            let got = x
+                .crypt_units(true, &first, 512, plain.clone())
+                .await
+                .unwrap();
+            let t0 = u128::from_le_bytes(first);
+            for (i, (unit, out)) in plain.chunks(512).zip(got.chunks(512)).enumerate() {
+                let mut want = unit.to_vec();
+                let tweak = t0.wrapping_add(i as u128).to_le_bytes();
+                reference(CipherAlgo::AesXts, true, &k, &tweak, &mut want);
+                assert!(out == want.as_slice(), "unit {i}");
+            }
+            let back = x.crypt_units(false, &first, 512, got).await.unwrap();
+            assert!(back == plain);
+            let f = x.crypt_units(true, &first, 500, plain).await.unwrap_err();
+            assert!(matches!(
+                f.error,
+                Error::Invalid {
+                    what: "data unit",
+                    ..
+                }
+            ));
+            assert_eq!(dev.dma_units_in_use(), idle);
+        });
+    }
+}
+
+#[test]
+fn sixty_four_requests_in_flight_on_one_session() {
+    let _turn = exclusive();
+    let rt = rt();
+    for address in guest_devices() {
+        rt.block_on(async {
+            let dev = CryptoDevice::open(&address).await.unwrap();
+            let idle = dev.dma_units_in_use();
+            let k = key(16, 1);
+            let s = std::sync::Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &k).await.unwrap());
+            let tasks: Vec<_> = (0..64u8)
+                .map(|i| {
+                    let s = s.clone();
+                    tokio::spawn(async move {
+                        let plain = vec![i; 1024 + 16 * usize::from(i)];
+                        let iv = [i; 16];
+                        (plain.clone(), iv, s.encrypt(&iv, plain).await)
+                    })
+                })
+                .collect();
+            for t in tasks {
+                let (plain, iv, got) = t.await.unwrap();
+                let mut want = plain;
+                reference(CipherAlgo::AesCbc, true, &k, &iv, &mut want);
+                assert!(got.unwrap() == want);
+            }
+            assert_eq!(dev.in_flight(), 0);
+            assert_eq!(dev.dma_units_in_use(), idle, "DMA memory leaked");
+        });
+    }
+}
+
+/// Polls `f` once (submitting its request) and drops it.
+fn poll_once_and_drop<F: Future>(f: F) {
+    let mut f = pin!(f);
+    let _ = f.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+}
+
+#[test]
+fn dropped_requests_free_their_memory_only_after_the_device_completes() {
+    let _turn = exclusive();
+    let rt = rt();
+    for address in guest_devices() {
+        rt.block_on(async {
+            let dev = CryptoDevice::open(&address).await.unwrap();
+            let idle = dev.dma_units_in_use();
+            let s = dev
+                .cipher_session(CipherAlgo::AesCtr, &key(32, 3))
+                .await
+                .unwrap();
+            for _ in 0..200 {
+                poll_once_and_drop(s.encrypt(&[9; 16], vec![5; 8192]));
+            }
+            // The device still completes them; then all is returned.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while dev.in_flight() > 0 && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            assert_eq!(dev.in_flight(), 0, "completions never came");
+            assert_eq!(dev.dma_units_in_use(), idle, "DMA memory leaked");
+            // And the session still works.
+            let mut want = vec![1u8; 100];
+            reference(CipherAlgo::AesCtr, true, &key(32, 3), &[2; 16], &mut want);
+            assert_eq!(s.encrypt(&[2; 16], vec![1; 100]).await.unwrap(), want);
+        });
+    }
+}
+
+#[test]
+fn bad_input_is_a_typed_error_with_the_buffer_back() {
+    let _turn = exclusive();
+    let rt = rt();
+    for address in guest_devices().into_iter().take(1) {
+        rt.block_on(async {
+            let dev = CryptoDevice::open(&address).await.unwrap();
+            for len in [0usize, 15, 17, 33, 65] {
+                let e = dev
+                    .cipher_session(CipherAlgo::AesCbc, &vec![0; len])
+                    .await
+                    .unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        Error::Invalid {
+                            what: "key length",
+                            ..
+                        }
+                    ),
+                    "{len}: {e}"
+                );
+            }
+            let s = dev
+                .cipher_session(CipherAlgo::AesCbc, &[1; 16])
+                .await
+                .unwrap();
+            let f = s.encrypt(&[0; 12], vec![3; 32]).await.unwrap_err();
+            assert!(matches!(
+                f.error,
+                Error::Invalid {
+                    what: "IV length",
+                    ..
+                }
+            ));
+            assert_eq!(f.buf, vec![3; 32]);
+            let f = s.encrypt(&[0; 16], vec![3; 33]).await.unwrap_err();
+            assert!(matches!(f.error, Error::Invalid { what: "length", .. }));
+            assert_eq!(f.buf, vec![3; 33]);
+            let x = dev
+                .cipher_session(CipherAlgo::AesXts, &key(32, 9))
+                .await
+                .unwrap();
+            let f = x.encrypt(&[0; 16], vec![3; 15]).await.unwrap_err();
+            assert!(matches!(f.error, Error::Invalid { .. }));
+            assert!(s.encrypt(&[0; 16], Vec::new()).await.unwrap().is_empty());
+        });
+    }
+}
+
+#[test]
+fn a_reset_fails_requests_in_flight_with_their_buffers_back() {
+    let _turn = exclusive();
+    let rt = rt();
+    for address in guest_devices().into_iter().take(1) {
+        rt.block_on(async {
+            let dev = CryptoDevice::open(&address).await.unwrap();
+            let s = std::sync::Arc::new(
+                dev.cipher_session(CipherAlgo::AesCbc, &[4; 16])
+                    .await
+                    .unwrap(),
+            );
+            let tasks: Vec<_> = (0..32)
+                .map(|_| {
+                    let s = s.clone();
+                    tokio::spawn(async move { s.encrypt(&[0; 16], vec![6; 65536]).await })
+                })
+                .collect();
+            tokio::task::yield_now().await;
+            dev.reset().unwrap();
+            let mut want = vec![6u8; 65536];
+            reference(CipherAlgo::AesCbc, true, &[4; 16], &[0; 16], &mut want);
+            let (mut done, mut failed) = (0, 0);
+            for t in tasks {
+                match t.await.unwrap() {
+                    Ok(out) => {
+                        assert!(out == want, "a completed request is correct");
+                        done += 1;
+                    }
+                    Err(f) => {
+                        assert!(matches!(f.error, Error::Gone), "{}", f.error);
+                        assert!(f.buf == vec![6; 65536], "the buffer comes back unchanged");
+                        failed += 1;
+                    }
+                }
+            }
+            eprintln!("reset with 32 in flight: {done} completed, {failed} failed");
+            assert!(dev.is_gone());
+            assert_eq!(dev.in_flight(), 0);
+        });
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    #[test]
+    fn differential_against_the_fallback(
+        algo in prop::sample::select(CipherAlgo::ALL.to_vec()),
+        long_key in any::<bool>(),
+        seed in any::<u8>(),
+        iv in any::<[u8; 16]>(),
+        len in 0usize..70_000,
+    ) {
+        let devices = guest_devices();
+        let Some(address) = devices.first() else { return Ok(()) };
+        let _turn = exclusive();
+        let key_len = if long_key { *algo.key_lens().last().unwrap() } else { algo.key_lens()[0] };
+        let k = key(key_len, seed);
+        let iv = &iv[..algo.iv_len()];
+        let len = valid_len(algo, len);
+        let plain: Vec<u8> = (0..len).map(|i| (i as u8) ^ seed).collect();
+        let mut want = plain.clone();
+        reference(algo, true, &k, iv, &mut want);
+        let (got, back) = rt().block_on(async {
+            let dev = CryptoDevice::open(address).await.unwrap();
+            let s = dev.cipher_session(algo, &k).await.unwrap();
+            let got = s.encrypt(iv, plain.clone()).await.unwrap();
+            let back = s.decrypt(iv, got.clone()).await.unwrap();
+            (got, back)
+        });
+        prop_assert!(got == want, "{:?} {}-byte key, {} bytes", algo, key_len, len);
+        prop_assert!(back == plain);
+    }
+}

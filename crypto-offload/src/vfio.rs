@@ -1,0 +1,237 @@
+//! Userspace-driven PCI engines through VFIO (the `vfio` feature): each
+//! virtio-crypto device bound to `vfio-pci` becomes a backend of its own,
+//! named `vfio:<PCI address>`, running the AES modes its device accepts —
+//! probed by creating a session for each, not read from the bitmaps it
+//! advertises.
+
+use async_trait::async_trait;
+use crypto_offload_vfio as vfio;
+
+use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
+use crate::backend::{
+    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed,
+};
+use crate::buffer::IoBuf;
+use crate::error::BackendError;
+use crate::key::SecretKey;
+
+/// A virtio-crypto device driven through VFIO.
+#[derive(Debug)]
+pub struct VfioBackend {
+    name: String,
+    device: vfio::CryptoDevice,
+    /// The algorithms a session could be created for at open.
+    supported: Vec<CipherAlg>,
+}
+
+/// Why VFIO offers no engine here (for `offload probe`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+impl VfioBackend {
+    /// Every usable device (bound to `vfio-pci`, 1af4:1054), opened, each
+    /// its own backend; devices that fail to open are left out (their
+    /// errors logged).
+    ///
+    /// # Errors
+    /// Why no device is usable (no VFIO, no device, bound elsewhere).
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes the devices opened so far.
+    pub async fn discover() -> Result<Vec<VfioBackend>, Unavailable> {
+        let (usable, _) = vfio::devices();
+        if usable.is_empty() {
+            return Err(Unavailable(
+                vfio::unavailable_reason().unwrap_or_else(|| "no device".into()),
+            ));
+        }
+        let mut out = Vec::new();
+        let mut errors = Vec::new();
+        for address in usable {
+            match VfioBackend::open(&address).await {
+                Ok(b) => out.push(b),
+                Err(e) => {
+                    tracing::warn!(%address, error = %e.0, "VFIO device left out");
+                    errors.push(format!("{address}: {}", e.0));
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(Unavailable(errors.join("; ")));
+        }
+        Ok(out)
+    }
+
+    /// Opens the device at `address` and probes which algorithms it takes.
+    ///
+    /// # Errors
+    /// The device cannot be opened, or takes none of this crate's
+    /// algorithms.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes the device (sessions probed so far are
+    /// reclaimed by its reset).
+    pub async fn open(address: &str) -> Result<VfioBackend, Unavailable> {
+        let device = vfio::CryptoDevice::open(address)
+            .await
+            .map_err(|e| Unavailable(e.to_string()))?;
+        let mut supported = Vec::new();
+        for alg in CipherAlg::ALL {
+            let key = vec![0x5au8; alg.key_len()];
+            let mut key = key;
+            if alg.mode() == CipherMode::Xts {
+                // Distinct halves.
+                let half = key.len() / 2;
+                key[half] ^= 1;
+            }
+            if device.cipher_session(algo_of(alg), &key).await.is_ok() {
+                supported.push(alg);
+            }
+        }
+        if supported.is_empty() {
+            return Err(Unavailable(format!(
+                "{address} accepts no AES cipher session"
+            )));
+        }
+        Ok(VfioBackend {
+            name: format!("vfio:{address}"),
+            device,
+            supported,
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &vfio::CryptoDevice {
+        &self.device
+    }
+}
+
+fn algo_of(alg: CipherAlg) -> vfio::CipherAlgo {
+    match alg.mode() {
+        CipherMode::Cbc => vfio::CipherAlgo::AesCbc,
+        CipherMode::Ctr => vfio::CipherAlgo::AesCtr,
+        CipherMode::Xts => vfio::CipherAlgo::AesXts,
+    }
+}
+
+fn backend_error(e: vfio::Error) -> BackendError {
+    match e {
+        vfio::Error::Gone => BackendError::DeviceGone,
+        vfio::Error::Invalid { .. } | vfio::Error::TooLarge { .. } => {
+            BackendError::Unsupported(e.to_string())
+        }
+        vfio::Error::Io { op, source } => BackendError::Io { op, source },
+        other => BackendError::Other(Box::new(other)),
+    }
+}
+
+fn failed(f: vfio::Failed) -> Failed {
+    Failed::new(backend_error(f.error), IoBuf::from(f.buf))
+}
+
+#[async_trait]
+impl Backend for VfioBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Device
+    }
+
+    fn supports(&self, alg: Algorithm) -> bool {
+        matches!(alg, Algorithm::Cipher(c) if self.supported.contains(&c))
+    }
+
+    fn max_request(&self, alg: Algorithm) -> Option<usize> {
+        // One tweak per request: an XTS data unit goes whole.
+        match alg {
+            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => Some(vfio::MAX_REQUEST),
+            _ => None,
+        }
+    }
+
+    fn one_operation_per_unit(&self, alg: Algorithm) -> bool {
+        matches!(alg, Algorithm::Cipher(c) if c.mode() == CipherMode::Xts)
+    }
+
+    fn length_multiple(&self, alg: Algorithm) -> usize {
+        // QEMU's builtin backend has no XTS ciphertext stealing ("Length 20
+        // must be a multiple of block size 16", measured); CTR tails are
+        // padded by the driver.
+        match alg {
+            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => 16,
+            _ => 1,
+        }
+    }
+
+    fn operation_len(&self, alg: Algorithm) -> Option<usize> {
+        // Longer CBC and CTR requests go in chained pieces of this size.
+        match alg {
+            Algorithm::Cipher(c) if c.mode() != CipherMode::Xts => Some(vfio::MAX_REQUEST),
+            _ => None,
+        }
+    }
+
+    async fn open_cipher(
+        &self,
+        alg: CipherAlg,
+        key: &SecretKey,
+    ) -> Result<Box<dyn CipherContext>, BackendError> {
+        if !self.supported.contains(&alg) {
+            return Err(BackendError::Unsupported(format!(
+                "{} on {}",
+                alg.name(),
+                self.name
+            )));
+        }
+        let s = self
+            .device
+            .cipher_session(algo_of(alg), key.expose())
+            .await
+            .map_err(backend_error)?;
+        Ok(Box::new(Cipher(s)))
+    }
+
+    async fn open_aead(
+        &self,
+        alg: AeadAlg,
+        _key: &SecretKey,
+    ) -> Result<Box<dyn AeadContext>, BackendError> {
+        // virtio-crypto devices here offer no AEAD service.
+        Err(BackendError::Unsupported(format!(
+            "{} on {}",
+            alg.name(),
+            self.name
+        )))
+    }
+
+    async fn open_crc(&self, alg: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
+        Err(BackendError::Unsupported(format!(
+            "{} on {}",
+            alg.name(),
+            self.name
+        )))
+    }
+}
+
+struct Cipher(vfio::CipherSession);
+
+#[async_trait]
+impl CipherContext for Cipher {
+    async fn encrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+        self.0
+            .crypt_units(true, &params.iv, params.data_unit, buf.into())
+            .await
+            .map(IoBuf::from)
+            .map_err(failed)
+    }
+
+    async fn decrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+        self.0
+            .crypt_units(false, &params.iv, params.data_unit, buf.into())
+            .await
+            .map(IoBuf::from)
+            .map_err(failed)
+    }
+}
