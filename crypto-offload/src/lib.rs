@@ -46,7 +46,9 @@ pub use session::{
 };
 pub use sim::{SimConfig, SimEngine, SimFaults, SimPower, SimTimer};
 #[cfg(feature = "vfio")]
-pub use vfio::{Unavailable as VfioUnavailable, VfioBackend};
+pub use vfio::{
+    AUTOSUSPEND_DELAY as VFIO_AUTOSUSPEND_DELAY, Unavailable as VfioUnavailable, VfioBackend,
+};
 
 /// CRC combination: the CRC of `A ‖ B` from `crc(A)`, `crc(B)` and `len(B)`.
 pub use crypto_offload_fallback::combine as crc_combine;

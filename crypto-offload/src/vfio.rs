@@ -4,6 +4,8 @@
 //! probed by creating a session for each, not read from the bitmaps it
 //! advertises.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use crypto_offload_vfio as vfio;
 
@@ -14,6 +16,7 @@ use crate::backend::{
 use crate::buffer::IoBuf;
 use crate::error::BackendError;
 use crate::key::SecretKey;
+use crate::power::{PowerControl, PowerDomain, PowerRef};
 
 /// A virtio-crypto device driven through VFIO.
 #[derive(Debug)]
@@ -22,6 +25,26 @@ pub struct VfioBackend {
     device: vfio::CryptoDevice,
     /// The algorithms a session could be created for at open.
     supported: Vec<CipherAlg>,
+    /// The device's PCI power state (D0 / D3hot), switched through VFIO.
+    power: PowerDomain,
+}
+
+/// How long a device stays up after its last session closes.
+pub const AUTOSUSPEND_DELAY: Duration = Duration::from_secs(1);
+
+/// The power switch: VFIO's low-power entry and exit (D3hot and back; the
+/// device is set up again after, as D3hot resets it).
+struct LowPower(vfio::CryptoDevice);
+
+#[async_trait]
+impl PowerControl for LowPower {
+    async fn power_on(&self) -> Result<(), BackendError> {
+        self.0.resume().map_err(backend_error)
+    }
+
+    async fn power_off(&self) -> Result<(), BackendError> {
+        self.0.suspend().await.map_err(backend_error)
+    }
 }
 
 /// Why VFIO offers no engine here (for `offload probe`).
@@ -84,7 +107,8 @@ impl VfioBackend {
                 let half = key.len() / 2;
                 key[half] ^= 1;
             }
-            if device.cipher_session(algo_of(alg), &key).await.is_ok() {
+            if let Ok(s) = device.cipher_session(algo_of(alg), &key).await {
+                let _ = s.close().await;
                 supported.push(alg);
             }
         }
@@ -93,10 +117,18 @@ impl VfioBackend {
                 "{address} accepts no AES cipher session"
             )));
         }
+        // Unpowered until a session needs it: the domain starts so.
+        device
+            .suspend()
+            .await
+            .map_err(|e| Unavailable(format!("{address}: low-power entry: {e}")))?;
+        let name = format!("vfio:{address}");
+        let power = PowerDomain::new(name.clone(), LowPower(device.clone()), AUTOSUSPEND_DELAY);
         Ok(VfioBackend {
-            name: format!("vfio:{address}"),
+            name,
             device,
             supported,
+            power,
         })
     }
 
@@ -143,6 +175,10 @@ impl Backend for VfioBackend {
         matches!(alg, Algorithm::Cipher(c) if self.supported.contains(&c))
     }
 
+    fn power(&self) -> Option<&PowerDomain> {
+        Some(&self.power)
+    }
+
     fn max_request(&self, alg: Algorithm) -> Option<usize> {
         // One tweak per request: an XTS data unit goes whole.
         match alg {
@@ -185,12 +221,14 @@ impl Backend for VfioBackend {
                 self.name
             )));
         }
+        // The device up first (the reference lives as long as the session).
+        let power = self.power.acquire().await?;
         let s = self
             .device
             .cipher_session(algo_of(alg), key.expose())
             .await
             .map_err(backend_error)?;
-        Ok(Box::new(Cipher(s)))
+        Ok(Box::new(Cipher(s, power)))
     }
 
     async fn open_aead(
@@ -215,7 +253,9 @@ impl Backend for VfioBackend {
     }
 }
 
-struct Cipher(vfio::CipherSession);
+/// The session, and the device's power for its life (dropped after it:
+/// the session's destroy goes out before the device may suspend).
+struct Cipher(vfio::CipherSession, #[allow(dead_code)] PowerRef);
 
 #[async_trait]
 impl CipherContext for Cipher {

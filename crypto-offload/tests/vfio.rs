@@ -97,3 +97,92 @@ fn every_device_passes_the_known_answers_through_offload() {
         }
     });
 }
+
+/// `power/runtime_status` and `power_state` of the device in sysfs.
+fn pci_power(address: &str) -> (String, String) {
+    let dev = std::path::Path::new("/sys/bus/pci/devices").join(address);
+    let read = |f: &str| {
+        std::fs::read_to_string(dev.join(f))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    (read("power/runtime_status"), read("power_state"))
+}
+
+#[test]
+fn a_session_powers_the_device_and_its_drop_suspends_it() {
+    let _turn = exclusive();
+    let Some(devices) = guest_devices() else {
+        return;
+    };
+    let address = devices[0].clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let backend = VfioBackend::open(&address).await.unwrap();
+        let name = backend.name().to_owned();
+        let down = ("suspended".to_owned(), "D3hot".to_owned());
+        let up = ("active".to_owned(), "D0".to_owned());
+        // Opened, probed, and put down until a session needs it.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert_eq!(pci_power(&address), down, "idle after open");
+        let offload = Offload::builder()
+            .backend(Arc::new(backend))
+            .pin(name.clone())
+            .build()
+            .unwrap();
+        let session = offload
+            .cipher(CipherAlg::Aes128Cbc, &[3; 16])
+            .await
+            .unwrap();
+        assert_eq!(pci_power(&address), up, "a session holds the device up");
+        // A burst of 1,000 requests, 16 at a time: powered throughout, one
+        // resume for all of it.
+        let session = Arc::new(session);
+        let mut samples = Vec::new();
+        for round in 0..(1000 / 16 + 1) {
+            let tasks: Vec<_> = (0..16)
+                .map(|i| {
+                    let s = session.clone();
+                    tokio::spawn(async move { s.encrypt(&[i; 16], vec![i; 1024]).await })
+                })
+                .collect();
+            if round % 10 == 0 {
+                samples.push(pci_power(&address));
+            }
+            for t in tasks {
+                t.await.unwrap().unwrap();
+            }
+        }
+        assert!(samples.iter().all(|s| *s == up), "{samples:?}");
+        let stats = offload
+            .backends()
+            .into_iter()
+            .find(|b| b.name == name)
+            .unwrap();
+        assert!(stats.stats.requests >= 1000, "{}", stats.stats.requests);
+        let power = stats.power.unwrap();
+        assert_eq!((power.resumes, power.suspends), (1, 0));
+        // The last session's drop, then the autosuspend delay: D3hot.
+        drop(session);
+        tokio::time::sleep(crypto_offload::VFIO_AUTOSUSPEND_DELAY).await;
+        let start = std::time::Instant::now();
+        while pci_power(&address) != down && start.elapsed().as_secs() < 3 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(pci_power(&address), down, "suspended after the last drop");
+        let info = offload.backends().into_iter().find(|b| b.name == name).unwrap();
+        let power = info.power.unwrap();
+        assert_eq!((power.resumes, power.suspends), (1, 1));
+        eprintln!(
+            "{address}: 1,000+ requests, {} resume, {} suspend; D0 while the session lived, D3hot {:.1} s after its drop",
+            power.resumes,
+            power.suspends,
+            crypto_offload::VFIO_AUTOSUSPEND_DELAY.as_secs_f64()
+        );
+    });
+}

@@ -73,6 +73,14 @@ struct Inner {
     parked: Mutex<Vec<DmaBuf>>,
     /// The completion task.
     reaper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The interrupt eventfd (a duplicate of the one the completion task
+    /// waits on), to bind MSI-X again after a power cycle.
+    irq: std::os::fd::OwnedFd,
+    /// In the PCI low-power state (D3hot): the device lost its virtio
+    /// state and takes no requests until resumed.
+    low_power: AtomicBool,
+    /// Cipher sessions alive on the device.
+    sessions: std::sync::atomic::AtomicUsize,
 }
 
 /// A virtio-crypto PCI device (QEMU's `virtio-crypto-pci`, 1af4:1054) bound
@@ -122,6 +130,13 @@ impl CryptoDevice {
             let (config, pool, irq, data, ctrl) = set_up(&vfio, &transport).inspect_err(|_| {
                 let _ = transport.add_status(FAILED);
             })?;
+            let irq_dup = irq
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|source| Error::Io {
+                    op: "dup eventfd",
+                    source,
+                })?;
             let inner = Arc::new(Inner {
                 vfio,
                 transport,
@@ -132,6 +147,9 @@ impl CryptoDevice {
                 gone: AtomicBool::new(false),
                 parked: Mutex::new(Vec::new()),
                 reaper: Mutex::new(None),
+                irq: irq_dup,
+                low_power: AtomicBool::new(false),
+                sessions: std::sync::atomic::AtomicUsize::new(0),
             });
             // SAFETY: the `EventFd` owns its descriptor, so it stays open for
             // as long as the `AsyncFd` that now owns the `EventFd` lives.
@@ -188,6 +206,10 @@ impl CryptoDevice {
     /// The device status and each queue's indices, for diagnosing a device
     /// that stopped answering.
     pub fn diagnose(&self) -> String {
+        if self.is_suspended() {
+            // Its registers are out of reach in D3hot.
+            return "suspended (D3hot)".into();
+        }
         let status = self
             .inner
             .transport
@@ -226,6 +248,65 @@ impl CryptoDevice {
         r
     }
 
+    /// Puts the device in the PCI low-power state (D3hot, through
+    /// `VFIO_DEVICE_FEATURE` LOW_POWER_ENTRY), after the requests still in
+    /// flight (a dropped session's destroy) complete. The device loses its
+    /// virtio state: it takes no requests until [`CryptoDevice::resume`].
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] while sessions live (their device sessions would
+    /// be lost); [`Error::Device`] if requests stay in flight for a second;
+    /// the ioctl's error.
+    ///
+    /// # Cancel safety
+    /// Cancel safe until the device is reset (the last step, synchronous).
+    pub async fn suspend(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        if inner.low_power.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let live = inner.sessions.load(Ordering::Acquire);
+        if live > 0 {
+            return Err(Error::Invalid {
+                what: "suspend",
+                detail: format!("{live} sessions live on the device"),
+            });
+        }
+        let start = std::time::Instant::now();
+        while self.in_flight() > 0 {
+            if start.elapsed() > std::time::Duration::from_secs(1) {
+                return Err(Error::Device("requests still in flight after 1 s".into()));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        inner.low_power.store(true, Ordering::Release);
+        inner.transport.reset()?;
+        inner.vfio.set_low_power(true)
+    }
+
+    /// Brings the device back from [`CryptoDevice::suspend`] (LOW_POWER_EXIT)
+    /// and sets it up again: the virtio handshake, MSI-X and both queues.
+    /// A no-op on a device that is not suspended.
+    ///
+    /// # Errors
+    /// The ioctl's error, or the device's refusal during set-up.
+    pub fn resume(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        if !inner.low_power.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        inner.vfio.set_low_power(false)?;
+        inner.reinit()?;
+        inner.low_power.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the device is in the low-power state (its BARs are then out
+    /// of reach: this driver touches none until it is resumed).
+    pub fn is_suspended(&self) -> bool {
+        self.inner.low_power.load(Ordering::Acquire)
+    }
+
     /// A cipher session: one device session per direction, with `key`.
     ///
     /// # Errors
@@ -255,10 +336,12 @@ impl CryptoDevice {
                 return Err(e);
             }
         };
+        self.inner.sessions.fetch_add(1, Ordering::AcqRel);
         Ok(CipherSession {
             dev: self.inner.clone(),
             algo,
             ids: [encrypt, decrypt],
+            closed: false,
         })
     }
 }
@@ -381,6 +464,31 @@ impl Inner {
         }
     }
 
+    /// The virtio set-up again after the device lost its state (a power
+    /// cycle through D3hot resets it): handshake, MSI-X, both queues from
+    /// empty rings.
+    fn reinit(&self) -> Result<(), Error> {
+        let t = &self.transport;
+        t.reset()?;
+        t.add_status(ACKNOWLEDGE | DRIVER)?;
+        let offered = t.device_features()?;
+        t.negotiate(F_VERSION_1 | (offered & F_ACCESS_PLATFORM))?;
+        self.vfio.enable_msix(&[self.irq.as_fd()])?;
+        t.set_config_vector(NO_VECTOR)?;
+        for q in [&self.data, &self.ctrl] {
+            let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
+            if !state.pending.is_empty() {
+                return Err(Error::Device(
+                    "requests in flight across a power cycle".into(),
+                ));
+            }
+            state.ring.reset()?;
+            let size = state.ring.size();
+            t.setup_queue(q.index, size, state.ring.addresses(), 0)?;
+        }
+        t.add_status(DRIVER_OK)
+    }
+
     /// No more requests; those in flight fail (their buffers parked until
     /// a reset).
     fn fail_all(&self) {
@@ -427,6 +535,11 @@ impl Inner {
                 let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
                 if self.gone.load(Ordering::Acquire) {
                     return Err(Error::Gone);
+                }
+                if self.low_power.load(Ordering::Acquire) {
+                    return Err(Error::Device(
+                        "the device is suspended: resume it first".into(),
+                    ));
                 }
                 match state.ring.push(chain)? {
                     Some(head) => {
@@ -523,7 +636,12 @@ impl Drop for Inner {
             task.abort();
         }
         // Quiesce the device before its memory is released: reset through
-        // the transport (and the function, where it can be).
+        // the transport (and the function, where it can be). A device in
+        // D3hot comes back first: its BARs are unmapped there, and touching
+        // them would raise SIGBUS.
+        if self.low_power.load(Ordering::Acquire) {
+            let _ = self.vfio.set_low_power(false);
+        }
         let _ = self.transport.reset();
         let _ = self.vfio.disable_msix();
         let _ = self.vfio.reset();
@@ -537,6 +655,8 @@ pub struct CipherSession {
     algo: CipherAlgo,
     /// Encrypt and decrypt session ids.
     ids: [u64; 2],
+    /// Destroyed already (by [`CipherSession::close`]).
+    closed: bool,
 }
 
 impl std::fmt::Debug for CipherSession {
@@ -549,6 +669,26 @@ impl std::fmt::Debug for CipherSession {
 }
 
 impl CipherSession {
+    /// Destroys the device sessions now and waits for it (dropping a
+    /// session destroys them in the background).
+    ///
+    /// # Errors
+    /// The device's refusal (the sessions are gone from this side anyway).
+    ///
+    /// # Cancel safety
+    /// A dropped future may leave a device session alive until the device
+    /// is reset.
+    pub async fn close(mut self) -> Result<(), Error> {
+        self.closed = true;
+        let mut result = Ok(());
+        for id in self.ids {
+            if let Err(e) = self.dev.destroy_session(self.algo, id).await {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
     /// Its mode.
     pub fn algo(&self) -> CipherAlgo {
         self.algo
@@ -794,6 +934,10 @@ impl CipherSession {
 
 impl Drop for CipherSession {
     fn drop(&mut self) {
+        self.dev.sessions.fetch_sub(1, Ordering::AcqRel);
+        if self.closed {
+            return;
+        }
         // Destroying takes a round trip to the device: on the runtime if
         // there is one; otherwise the sessions live until the device resets.
         let (dev, algo, ids) = (self.dev.clone(), self.algo, self.ids);

@@ -75,6 +75,17 @@ impl SplitQueue {
         })
     }
 
+    /// Empties the rings (zeroed memory, every descriptor free, indices
+    /// from 0), for a device that was reset and sets the queue up anew.
+    pub fn reset(&mut self) -> Result<(), Error> {
+        self.mem.write(0, &vec![0u8; Self::bytes(self.size)])?;
+        self.free = (0..self.size).rev().collect();
+        self.next = vec![None; usize::from(self.size)];
+        self.avail_idx = 0;
+        self.last_used = 0;
+        Ok(())
+    }
+
     /// Its size.
     pub fn size(&self) -> u16 {
         self.size
@@ -301,6 +312,40 @@ mod tests {
             assert_eq!(q.pop_used().unwrap(), Some((head, i)));
         }
         assert_eq!(q.free_descriptors(), 2);
+    }
+
+    #[test]
+    fn a_reset_queue_starts_over_empty() {
+        let mut q = queue(4);
+        let mut seen = 0;
+        q.push(&[Segment {
+            iova: 1,
+            len: 1,
+            device_writes: false,
+        }])
+        .unwrap();
+        device_completes(&q, &mut seen, 1);
+        q.push(&[Segment {
+            iova: 2,
+            len: 1,
+            device_writes: false,
+        }])
+        .unwrap();
+        q.reset().unwrap();
+        assert_eq!(q.free_descriptors(), 4);
+        assert_eq!(q.mem.read_u16(SplitQueue::avail_offset(4) + 2).unwrap(), 0);
+        assert_eq!(q.mem.read_u16(SplitQueue::used_offset(4) + 2).unwrap(), 0);
+        let mut seen = 0;
+        let head = q
+            .push(&[Segment {
+                iova: 3,
+                len: 1,
+                device_writes: false,
+            }])
+            .unwrap()
+            .unwrap();
+        assert_eq!(device_completes(&q, &mut seen, 5), vec![(3, 1, 0)]);
+        assert_eq!(q.pop_used().unwrap(), Some((head, 5)));
     }
 
     #[test]

@@ -393,6 +393,89 @@ fn a_reset_fails_requests_in_flight_with_their_buffers_back() {
     }
 }
 
+/// `power/runtime_status` and `power_state` of the device in sysfs.
+fn pci_power(address: &str) -> (String, String) {
+    let dev = std::path::Path::new("/sys/bus/pci/devices").join(address);
+    let read = |f: &str| {
+        std::fs::read_to_string(dev.join(f))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    (read("power/runtime_status"), read("power_state"))
+}
+
+/// Waits (up to 2 s) for the device to reach `want`.
+async fn settles(address: &str, want: (&str, &str)) -> (String, String) {
+    let start = std::time::Instant::now();
+    loop {
+        let now = pci_power(address);
+        if (now.0.as_str(), now.1.as_str()) == want || start.elapsed().as_secs() >= 2 {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn suspend_and_resume_cycle_the_pci_power_state() {
+    let _turn = exclusive();
+    let rt = rt();
+    for address in guest_devices().into_iter().take(1) {
+        rt.block_on(async {
+            let dev = CryptoDevice::open(&address).await.unwrap();
+            assert_eq!(pci_power(&address), ("active".into(), "D0".into()));
+            let s = dev
+                .cipher_session(CipherAlgo::AesCbc, &[8; 16])
+                .await
+                .unwrap();
+            let e = dev.suspend().await.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Invalid {
+                        what: "suspend",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            s.close().await.unwrap();
+            dev.suspend().await.unwrap();
+            assert_eq!(
+                settles(&address, ("suspended", "D3hot")).await,
+                ("suspended".into(), "D3hot".into())
+            );
+            let e = dev
+                .cipher_session(CipherAlgo::AesCbc, &[8; 16])
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(e, Error::Device(_)),
+                "a suspended device takes nothing: {e}"
+            );
+            dev.resume().unwrap();
+            assert_eq!(
+                settles(&address, ("active", "D0")).await,
+                ("active".into(), "D0".into())
+            );
+            // Set up again from scratch: sessions and requests work.
+            for round in 0..2 {
+                let s = dev
+                    .cipher_session(CipherAlgo::AesCbc, &[8; 16])
+                    .await
+                    .unwrap();
+                let mut want = vec![round; 4096];
+                reference(CipherAlgo::AesCbc, true, &[8; 16], &[1; 16], &mut want);
+                assert_eq!(s.encrypt(&[1; 16], vec![round; 4096]).await.unwrap(), want);
+                s.close().await.unwrap();
+                dev.suspend().await.unwrap();
+                dev.resume().unwrap();
+            }
+        });
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
 
