@@ -186,3 +186,68 @@ fn a_session_powers_the_device_and_its_drop_suspends_it() {
         );
     });
 }
+
+#[test]
+fn a_device_reset_mid_burst_completes_every_request_on_the_cpu() {
+    let _turn = exclusive();
+    let Some(devices) = guest_devices() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let backend = VfioBackend::open(&devices[0]).await.unwrap();
+        let name = backend.name().to_owned();
+        let device = backend.device().clone();
+        let offload = Offload::builder()
+            .backend(Arc::new(backend))
+            .pin(name.clone())
+            .build()
+            .unwrap();
+        let session = Arc::new(
+            offload
+                .cipher(CipherAlg::Aes128Cbc, &[9; 16])
+                .await
+                .unwrap(),
+        );
+        let tasks: Vec<_> = (0..128u8)
+            .map(|i| {
+                let s = session.clone();
+                tokio::spawn(async move {
+                    let plain = vec![i; 65536];
+                    (i, s.encrypt(&[i; 16], plain).await)
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let in_flight = device.in_flight();
+        device.reset().unwrap();
+        let reference = Offload::builder().build().unwrap();
+        let cpu = reference
+            .cipher(CipherAlg::Aes128Cbc, &[9; 16])
+            .await
+            .unwrap();
+        for t in tasks {
+            let (i, got) = t.await.unwrap();
+            let want = cpu.encrypt(&[i; 16], vec![i; 65536]).await.unwrap();
+            assert!(got.unwrap() == want, "request {i}: lost or wrong");
+        }
+        let info = offload
+            .backends()
+            .into_iter()
+            .find(|b| b.name == name)
+            .unwrap();
+        eprintln!(
+            "reset with {in_flight} in flight: {} requests on the device, {} replayed on the CPU; probe: {:?}",
+            info.stats.requests, info.stats.failures, info.unavailable
+        );
+        assert!(info.stats.failures > 0, "the reset failed no request");
+        assert!(
+            info.unavailable.is_some(),
+            "the device is behind the breaker, and probe says why"
+        );
+    });
+}

@@ -30,9 +30,14 @@ pub const FALLBACK_PACKAGE: &str = "crypto-offload-fallback";
 pub const VFIO_PACKAGE: &str = "crypto-offload-vfio";
 /// The extra binary included by default: `offload` from `offload-cli`.
 pub const DEFAULT_BINARY: &str = "offload-cli:offload";
-/// The extra binaries included by default: `offload`, and the AF_ALG
-/// mechanism's overhead measurement.
-pub const DEFAULT_BINARIES: [&str; 2] = [DEFAULT_BINARY, "crypto-offload-benches:af-alg-overhead"];
+/// The extra binaries included by default: `offload`, the AF_ALG
+/// mechanism's overhead measurement, and the VFIO completion-spreading
+/// measurement.
+pub const DEFAULT_BINARIES: [&str; 3] = [
+    DEFAULT_BINARY,
+    "crypto-offload-benches:af-alg-overhead",
+    "crypto-offload-benches:vfio-spread",
+];
 
 /// What `cargo metadata --no-deps` says about the workspace.
 #[derive(Debug, Deserialize)]

@@ -81,6 +81,8 @@ struct Inner {
     low_power: AtomicBool,
     /// Cipher sessions alive on the device.
     sessions: std::sync::atomic::AtomicUsize,
+    /// Interrupts handled, per thread (name or id): where completions ran.
+    completion_threads: Mutex<HashMap<String, u64>>,
 }
 
 /// A virtio-crypto PCI device (QEMU's `virtio-crypto-pci`, 1af4:1054) bound
@@ -150,6 +152,7 @@ impl CryptoDevice {
                 irq: irq_dup,
                 low_power: AtomicBool::new(false),
                 sessions: std::sync::atomic::AtomicUsize::new(0),
+                completion_threads: Mutex::new(HashMap::new()),
             });
             // SAFETY: the `EventFd` owns its descriptor, so it stays open for
             // as long as the `AsyncFd` that now owns the `EventFd` lives.
@@ -226,6 +229,20 @@ impl CryptoDevice {
             );
         }
         out
+    }
+
+    /// Interrupts handled so far, per thread that handled them (a tokio
+    /// worker's name, or the thread's id): where this device's completions
+    /// ran.
+    pub fn completion_threads(&self) -> Vec<(String, u64)> {
+        let map = self
+            .inner
+            .completion_threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<_> = map.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        v.sort();
+        v
     }
 
     /// Whether the device was reset or removed under its requests.
@@ -430,6 +447,14 @@ async fn reap(inner: Weak<Inner>, irq: AsyncFd<EventFd>) {
         // Consume the count; spurious wake-ups read EAGAIN.
         let _ = ready.try_io(|fd| fd.get_ref().read().map_err(std::io::Error::from));
         let Some(inner) = inner.upgrade() else { return };
+        let thread = std::thread::current();
+        let name = format!("{} {:?}", thread.name().unwrap_or("thread"), thread.id());
+        *inner
+            .completion_threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name)
+            .or_default() += 1;
         inner.drain(&inner.data);
         inner.drain(&inner.ctrl);
     }
