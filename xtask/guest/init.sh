@@ -133,6 +133,16 @@ done < /etc/vmtest/test-args
 while read -r runs name; do
     case "$runs" in '' | '#'*) continue ;; esac
     for_this_run "$runs" || continue
+    # The kernel writes the initramfs's files and closes them through
+    # delayed work: right after boot an exec can still fail with ETXTBSY
+    # ("Text file busy"; seen once with a 300 MiB initramfs). Wait until the
+    # binary runs.
+    tries=0
+    until "/tests/$name" --list >/dev/null 2>&1 || [ "$tries" -ge 100 ]; do
+        tries=$((tries + 1))
+        sleep 0.1
+    done
+    [ "$tries" -gt 0 ] && echo "VMTEST-NOTE $name became executable after $tries tries"
     run_framed "$name" "/tests/$name" --test-threads=2 "$@"
 done < /etc/vmtest/tests
 

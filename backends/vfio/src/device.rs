@@ -28,7 +28,7 @@ pub const POOL_BYTES: usize = 4 << 20;
 /// ranges the guest's IOMMU offers, clear of the MSI window at 0xfee00000).
 const POOL_IOVA: u64 = 0x4000_0000;
 /// Entries per queue, at most (the device may offer fewer).
-const QUEUE_SIZE: u16 = 256;
+const QUEUE_SIZE: u16 = 1024;
 /// The largest request this driver sends whole (XTS units up to this;
 /// longer CBC, CTR and ECB requests go in pieces of it, chained).
 pub const MAX_REQUEST: usize = 256 << 10;
@@ -59,9 +59,17 @@ struct QueueState {
     pending: HashMap<u16, Pending>,
 }
 
-struct Inner {
+/// The device itself: its VFIO handle and its registers. Released (the
+/// device fd closed, the BARs unmapped) when the kernel asks for the device
+/// back (hot-unplug), so that its removal can finish.
+struct Hw {
     vfio: Device,
     transport: Transport,
+}
+
+struct Inner {
+    address: String,
+    hw: std::sync::RwLock<Option<Hw>>,
     pool: Arc<DmaPool>,
     config: DeviceConfig,
     data: Queue,
@@ -83,6 +91,10 @@ struct Inner {
     sessions: std::sync::atomic::AtomicUsize,
     /// Interrupts handled, per thread (name or id): where completions ran.
     completion_threads: Mutex<HashMap<String, u64>>,
+    /// Requests the device held when the kernel asked for it back.
+    released_with: std::sync::atomic::AtomicUsize,
+    /// The removal-request watcher.
+    watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// A virtio-crypto PCI device (QEMU's `virtio-crypto-pci`, 1af4:1054) bound
@@ -95,7 +107,7 @@ pub struct CryptoDevice {
 impl std::fmt::Debug for CryptoDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CryptoDevice")
-            .field("address", &self.inner.vfio.address())
+            .field("address", &self.inner.address)
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
     }
@@ -132,6 +144,10 @@ impl CryptoDevice {
             let (config, pool, irq, data, ctrl) = set_up(&vfio, &transport).inspect_err(|_| {
                 let _ = transport.add_status(FAILED);
             })?;
+            // The kernel's request for the device back (hot-unplug).
+            let req = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(|e| Error::sys("eventfd", e))?;
+            vfio.enable_req_irq(req.as_fd())?;
             let irq_dup = irq
                 .as_fd()
                 .try_clone_to_owned()
@@ -140,8 +156,8 @@ impl CryptoDevice {
                     source,
                 })?;
             let inner = Arc::new(Inner {
-                vfio,
-                transport,
+                address: address.to_owned(),
+                hw: std::sync::RwLock::new(Some(Hw { vfio, transport })),
                 pool,
                 config,
                 data,
@@ -153,6 +169,8 @@ impl CryptoDevice {
                 low_power: AtomicBool::new(false),
                 sessions: std::sync::atomic::AtomicUsize::new(0),
                 completion_threads: Mutex::new(HashMap::new()),
+                released_with: std::sync::atomic::AtomicUsize::new(0),
+                watcher: Mutex::new(None),
             });
             // SAFETY: the `EventFd` owns its descriptor, so it stays open for
             // as long as the `AsyncFd` that now owns the `EventFd` lives.
@@ -164,6 +182,15 @@ impl CryptoDevice {
             )?;
             let task = tokio::spawn(reap(Arc::downgrade(&inner), fd));
             *inner.reaper.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+            // SAFETY: as above, for the request eventfd.
+            let req = unsafe { AsyncFd::register_with_interest(req, Interest::READABLE) }.map_err(
+                |e| Error::Io {
+                    op: "AsyncFd::register",
+                    source: std::io::Error::other(e.to_string()),
+                },
+            )?;
+            let watcher = tokio::spawn(watch_removal(Arc::downgrade(&inner), req));
+            *inner.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(watcher);
             tracing::debug!(?config, "virtio-crypto device up");
             Ok(CryptoDevice { inner })
         }
@@ -173,17 +200,12 @@ impl CryptoDevice {
 
     /// Its PCI address.
     pub fn address(&self) -> &str {
-        self.inner.vfio.address()
+        &self.inner.address
     }
 
     /// What the device advertises.
     pub fn config(&self) -> DeviceConfig {
         self.inner.config
-    }
-
-    /// The VFIO device (power, reset).
-    pub fn vfio(&self) -> &Device {
-        &self.inner.vfio
     }
 
     /// DMA pool units in use (returns to its idle level when no request is
@@ -215,8 +237,7 @@ impl CryptoDevice {
         }
         let status = self
             .inner
-            .transport
-            .status()
+            .with_hw(|hw| hw.transport.status())
             .map_or_else(|e| e.to_string(), |s| format!("{s:#x}"));
         let mut out = format!("status {status}");
         for (name, q) in [("data", &self.inner.data), ("ctrl", &self.inner.ctrl)] {
@@ -245,6 +266,21 @@ impl CryptoDevice {
         v
     }
 
+    /// How many requests the device held when the kernel asked for it back
+    /// (0 if it never did).
+    pub fn released_with(&self) -> usize {
+        self.inner.released_with.load(Ordering::Acquire)
+    }
+
+    /// Whether the kernel took the device back (hot-unplug).
+    pub fn is_released(&self) -> bool {
+        self.inner
+            .hw
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
     /// Whether the device was reset or removed under its requests.
     pub fn is_gone(&self) -> bool {
         self.inner.gone.load(Ordering::Acquire)
@@ -255,7 +291,7 @@ impl CryptoDevice {
     /// device takes no more.
     pub fn reset(&self) -> Result<(), Error> {
         self.inner.fail_all();
-        let r = self.inner.vfio.reset();
+        let r = self.inner.with_hw(|hw| hw.vfio.reset());
         // Quiet now: what the device could have written is free again.
         self.inner
             .parked
@@ -297,8 +333,10 @@ impl CryptoDevice {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         inner.low_power.store(true, Ordering::Release);
-        inner.transport.reset()?;
-        inner.vfio.set_low_power(true)
+        inner.with_hw(|hw| {
+            hw.transport.reset()?;
+            hw.vfio.set_low_power(true)
+        })
     }
 
     /// Brings the device back from [`CryptoDevice::suspend`] (LOW_POWER_EXIT)
@@ -312,7 +350,7 @@ impl CryptoDevice {
         if !inner.low_power.load(Ordering::Acquire) {
             return Ok(());
         }
-        inner.vfio.set_low_power(false)?;
+        inner.with_hw(|hw| hw.vfio.set_low_power(false))?;
         inner.reinit()?;
         inner.low_power.store(false, Ordering::Release);
         Ok(())
@@ -434,6 +472,23 @@ fn queue(transport: &Transport, pool: &Arc<DmaPool>, index: u16) -> Result<Queue
     })
 }
 
+/// Waits for the kernel's request to have the device back (its removal:
+/// VFIO's request interrupt), then releases it.
+async fn watch_removal(inner: Weak<Inner>, req: AsyncFd<EventFd>) {
+    loop {
+        let mut ready = match req.readable().await {
+            Ok(r) => r,
+            Err(_) => return,
+        };
+        if let Ok(Ok(_)) = ready.try_io(|fd| fd.get_ref().read().map_err(std::io::Error::from)) {
+            if let Some(inner) = inner.upgrade() {
+                inner.release();
+            }
+            return;
+        }
+    }
+}
+
 /// The completion task: each interrupt drains both queues.
 async fn reap(inner: Weak<Inner>, irq: AsyncFd<EventFd>) {
     loop {
@@ -493,12 +548,16 @@ impl Inner {
     /// cycle through D3hot resets it): handshake, MSI-X, both queues from
     /// empty rings.
     fn reinit(&self) -> Result<(), Error> {
-        let t = &self.transport;
+        let guard = self.hw.read().unwrap_or_else(|p| p.into_inner());
+        let Some(hw) = guard.as_ref() else {
+            return Err(Error::Gone);
+        };
+        let t = &hw.transport;
         t.reset()?;
         t.add_status(ACKNOWLEDGE | DRIVER)?;
         let offered = t.device_features()?;
         t.negotiate(F_VERSION_1 | (offered & F_ACCESS_PLATFORM))?;
-        self.vfio.enable_msix(&[self.irq.as_fd()])?;
+        hw.vfio.enable_msix(&[self.irq.as_fd()])?;
         t.set_config_vector(NO_VECTOR)?;
         for q in [&self.data, &self.ctrl] {
             let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -512,6 +571,44 @@ impl Inner {
             t.setup_queue(q.index, size, state.ring.addresses(), 0)?;
         }
         t.add_status(DRIVER_OK)
+    }
+
+    /// Runs `f` on the device, if it has not been released.
+    fn with_hw<T>(&self, f: impl FnOnce(&Hw) -> Result<T, Error>) -> Result<T, Error> {
+        let guard = self.hw.read().unwrap_or_else(|p| p.into_inner());
+        match guard.as_ref() {
+            Some(hw) => f(hw),
+            None => Err(Error::Gone),
+        }
+    }
+
+    /// Gives the device back to the kernel (it asked: hot-unplug): requests
+    /// in flight fail, the device fd is closed and the BARs unmapped (the
+    /// removal waits for that), and nothing reaches the device again.
+    fn release(&self) {
+        let held: usize = [&self.data, &self.ctrl]
+            .iter()
+            .map(|q| {
+                q.state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .pending
+                    .len()
+            })
+            .sum();
+        self.released_with.store(held, Ordering::Release);
+        self.fail_all();
+        let hw = self.hw.write().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(hw) = hw {
+            let _ = hw.vfio.disable_msix();
+            drop(hw);
+        }
+        // Its IOMMU mappings went with it: the parked buffers are free.
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        tracing::warn!(address = %self.address, held, "device removed; released");
     }
 
     /// No more requests; those in flight fail (their buffers parked until
@@ -580,7 +677,7 @@ impl Inner {
             match notify {
                 Some(needed) => {
                     if needed {
-                        self.transport.notify(q.notify_off, q.index)?;
+                        self.with_hw(|hw| hw.transport.notify(q.notify_off, q.index))?;
                     }
                     break;
                 }
@@ -664,12 +761,23 @@ impl Drop for Inner {
         // the transport (and the function, where it can be). A device in
         // D3hot comes back first: its BARs are unmapped there, and touching
         // them would raise SIGBUS.
-        if self.low_power.load(Ordering::Acquire) {
-            let _ = self.vfio.set_low_power(false);
+        if let Some(task) = self
+            .watcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            task.abort();
         }
-        let _ = self.transport.reset();
-        let _ = self.vfio.disable_msix();
-        let _ = self.vfio.reset();
+        let hw = self.hw.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(hw) = hw {
+            if self.low_power.load(Ordering::Acquire) {
+                let _ = hw.vfio.set_low_power(false);
+            }
+            let _ = hw.transport.reset();
+            let _ = hw.vfio.disable_msix();
+            let _ = hw.vfio.reset();
+        }
     }
 }
 
@@ -687,7 +795,7 @@ pub struct CipherSession {
 impl std::fmt::Debug for CipherSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CipherSession")
-            .field("device", &self.dev.vfio.address())
+            .field("device", &self.dev.address)
             .field("algo", &self.algo)
             .finish_non_exhaustive()
     }

@@ -11,7 +11,7 @@ use vfio_bindings::bindings::vfio::{
     VFIO_API_VERSION, VFIO_DEVICE_FEATURE_LOW_POWER_ENTRY, VFIO_DEVICE_FEATURE_LOW_POWER_EXIT,
     VFIO_DEVICE_FEATURE_SET, VFIO_GROUP_FLAGS_VIABLE, VFIO_IRQ_SET_ACTION_TRIGGER,
     VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_CONFIG_REGION_INDEX,
-    VFIO_PCI_MSIX_IRQ_INDEX, VFIO_TYPE1v2_IOMMU,
+    VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_REQ_IRQ_INDEX, VFIO_TYPE1v2_IOMMU,
 };
 
 use crate::error::Error;
@@ -246,6 +246,20 @@ impl Device {
             fds,
         )
         .map_err(|e| Error::sys("VFIO_DEVICE_SET_IRQS", e))
+    }
+
+    /// The kernel's requests for the device back (its removal) signal `fd`
+    /// (VFIO's request interrupt).
+    pub(crate) fn enable_req_irq(&self, fd: BorrowedFd<'_>) -> Result<(), Error> {
+        sys::set_irqs(
+            self.fd.as_fd(),
+            VFIO_PCI_REQ_IRQ_INDEX,
+            VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+            0,
+            1,
+            &[fd],
+        )
+        .map_err(|e| Error::sys("VFIO_DEVICE_SET_IRQS request", e))
     }
 
     /// Turns MSI-X off.
