@@ -18,6 +18,14 @@ fn guest_devices() -> Option<Vec<String>> {
         .map(|l| l.split_whitespace().map(str::to_owned).collect())
 }
 
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A VFIO group opens once at a time: tests take turns with the devices.
 fn exclusive() -> std::sync::MutexGuard<'static, ()> {
     static DEVICES: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -27,11 +35,7 @@ fn exclusive() -> std::sync::MutexGuard<'static, ()> {
 #[test]
 fn discovery_opens_every_device_or_says_why_there_is_none() {
     let _turn = exclusive();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt();
     rt.block_on(async {
         match (VfioBackend::discover().await, guest_devices()) {
             (Err(why), None) => {
@@ -66,11 +70,7 @@ fn every_device_passes_the_known_answers_through_offload() {
     if guest_devices().is_none() {
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt();
     rt.block_on(async {
         let backends = VfioBackend::discover().await.unwrap();
         for b in backends {
@@ -117,11 +117,7 @@ fn a_session_powers_the_device_and_its_drop_suspends_it() {
         return;
     };
     let address = devices[0].clone();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt();
     rt.block_on(async {
         let backend = VfioBackend::open(&address).await.unwrap();
         let name = backend.name().to_owned();
@@ -193,11 +189,7 @@ fn a_device_reset_mid_burst_completes_every_request_on_the_cpu() {
     let Some(devices) = guest_devices() else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt();
     rt.block_on(async {
         let backend = VfioBackend::open(&devices[0]).await.unwrap();
         let name = backend.name().to_owned();
@@ -290,11 +282,7 @@ fn hot_unplug_under_load_loses_nothing_and_the_device_comes_back() {
     let Some(address) = devices.get(1).cloned() else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt();
     rt.block_on(async {
         let backend = VfioBackend::open(&address).await.unwrap();
         let name = backend.name().to_owned();

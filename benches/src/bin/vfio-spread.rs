@@ -16,13 +16,14 @@ use crypto_offload::{Backend, CipherAlg, Offload, Policy, VfioBackend};
 
 const SIZE: usize = 16 * 1024;
 
-/// Bytes per second from `clients` tasks for `time` on the devices' own
-/// sessions, client `i` on session `i % sessions.len()`.
-async fn run_devices(
-    sessions: &[Arc<crypto_offload_vfio::CipherSession>],
-    clients: usize,
-    time: Duration,
-) -> f64 {
+/// Bytes per second from `clients` tasks sending requests back to back for
+/// `time`, client `i` on `sessions[i % sessions.len()]` through `request`.
+async fn drive<S, F, Fut>(sessions: &[S], clients: usize, time: Duration, request: F) -> f64
+where
+    S: Clone + Send + 'static,
+    F: Fn(S, Vec<u8>) -> Fut + Copy + Send + 'static,
+    Fut: std::future::Future<Output = Vec<u8>> + Send,
+{
     let bytes = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let tasks: Vec<_> = (0..clients)
@@ -31,7 +32,7 @@ async fn run_devices(
             tokio::spawn(async move {
                 let mut buf = vec![i as u8; SIZE];
                 while start.elapsed() < time {
-                    buf = session.encrypt(&[0; 16], buf).await.expect("a request");
+                    buf = request(session.clone(), buf).await;
                     bytes.fetch_add(SIZE as u64, Ordering::Relaxed);
                 }
             })
@@ -43,7 +44,19 @@ async fn run_devices(
     bytes.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Bytes per second through `offload` from `clients` tasks for `time`.
+/// On the devices' own sessions.
+async fn run_devices(
+    sessions: &[Arc<crypto_offload_vfio::CipherSession>],
+    clients: usize,
+    time: Duration,
+) -> f64 {
+    drive(sessions, clients, time, |s, buf| async move {
+        s.encrypt(&[0; 16], buf).await.expect("a request")
+    })
+    .await
+}
+
+/// Through `offload`'s selector.
 async fn run(offload: &Offload, clients: usize, time: Duration) -> f64 {
     let session = Arc::new(
         offload
@@ -51,24 +64,10 @@ async fn run(offload: &Offload, clients: usize, time: Duration) -> f64 {
             .await
             .expect("a session"),
     );
-    let bytes = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..clients)
-        .map(|i| {
-            let (session, bytes) = (session.clone(), bytes.clone());
-            tokio::spawn(async move {
-                let mut buf = vec![i as u8; SIZE];
-                while start.elapsed() < time {
-                    buf = session.encrypt(&[0; 16], buf).await.expect("a request");
-                    bytes.fetch_add(SIZE as u64, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("a client");
-    }
-    bytes.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    drive(&[session], clients, time, |s, buf| async move {
+        s.encrypt(&[0; 16], buf).await.expect("a request")
+    })
+    .await
 }
 
 fn main() {
