@@ -302,26 +302,26 @@ fn hot_unplug_under_load_loses_nothing_and_the_device_comes_back() {
                 .unwrap(),
         );
         let stop = Arc::new(AtomicBool::new(false));
-        // 256 clients, each sending 4 KiB requests back to back and checking
-        // every result against the CPU.
-        let clients: Vec<_> = (0..256u32)
-            .map(|c| {
-                let (session, cpu, stop) = (session.clone(), cpu.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let mut n = 0u32;
-                    while !stop.load(Ordering::Relaxed) {
-                        let seed = (c << 16 | n).to_le_bytes();
-                        let plain: Vec<u8> = (0..4096).map(|i| seed[i % 4] ^ i as u8).collect();
-                        let iv = [seed[0]; 16];
-                        let got = session.encrypt(&iv, plain.clone()).await;
-                        let want = cpu.encrypt(&iv, plain).await.unwrap();
-                        assert!(got.is_ok_and(|g| g == want), "client {c} request {n}: lost or wrong");
-                        n += 1;
-                    }
-                    n
-                })
-            })
-            .collect();
+        // 256 clients, each sending its own 4 KiB request back to back and
+        // checking every result against the CPU's (computed once, so that
+        // the workers stay free to keep the device full).
+        let mut clients = Vec::new();
+        for c in 0..256u32 {
+            let seed = c.to_le_bytes();
+            let plain: Vec<u8> = (0..4096).map(|i| seed[i % 4] ^ i as u8).collect();
+            let iv = [seed[0]; 16];
+            let want = cpu.encrypt(&iv, plain.clone()).await.unwrap();
+            let (session, stop) = (session.clone(), stop.clone());
+            clients.push(tokio::spawn(async move {
+                let mut n = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let got = session.encrypt(&iv, plain.clone()).await;
+                    assert!(got.is_ok_and(|g| g == want), "client {c} request {n}: lost or wrong");
+                    n += 1;
+                }
+                n
+            }));
+        }
         // Unplug with at least 100 requests in the device.
         let loaded = until(10, || device.in_flight() >= 100).await;
         let before = device.in_flight();
