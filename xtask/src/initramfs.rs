@@ -30,10 +30,6 @@ enum Node {
     CharDevice { major: u32, minor: u32 },
 }
 
-/// The archive's last entry, a small file (see [`Initramfs::write_cpio`]).
-pub const LAST_NAME: &str = "etc/vmtest/last-entry";
-const LAST_FILE: &str = "written last so that no binary is the last file the kernel unpacks";
-
 /// The archive's contents, by guest path (relative, without the leading `/`).
 #[derive(Debug, Default)]
 pub struct Initramfs {
@@ -147,8 +143,7 @@ impl Initramfs {
         text
     }
 
-    /// Writes the uncompressed newc archive (the entries, then
-    /// [`LAST_NAME`]), trailer included.
+    /// Writes the uncompressed newc archive, trailer included.
     pub fn write_cpio<W: Write>(&self, mut out: W) -> Result<(W, Written)> {
         let mut written = Written {
             entries: 0,
@@ -196,22 +191,6 @@ impl Initramfs {
             };
             written.entries += 1;
         }
-        // A small file last: the kernel (6.1) can leave the last file it
-        // unpacked open for writing for seconds, and an exec of it fails
-        // with ETXTBSY (seen with a test binary that sorted last).
-        let last = format!("{LAST_FILE}\n");
-        let ino = u32::try_from(self.entries.len() + 1).unwrap_or(u32::MAX);
-        let mut entry = newc::Builder::new(LAST_NAME)
-            .ino(ino)
-            .uid(0)
-            .gid(0)
-            .mtime(0)
-            .mode(FILE_TYPE | 0o644)
-            .nlink(1)
-            .write(out, last.len() as u32);
-        entry.write_all(last.as_bytes())?;
-        out = entry.finish()?;
-        written.entries += 1;
         Ok((newc::trailer(out)?, written))
     }
 
@@ -302,12 +281,10 @@ mod tests {
                 "etc/vmtest/modules",
                 "init",
                 "tests",
-                "tests/odd",
-                // Last, after every binary (ETXTBSY: see write_cpio).
-                LAST_NAME
+                "tests/odd"
             ]
         );
-        assert_eq!(written.entries, 9);
+        assert_eq!(written.entries, 8);
         assert_eq!(written.content_bytes, 18 + 4 + 5);
         let init = &entries[5];
         assert_eq!(
