@@ -11,6 +11,8 @@ const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
 /// `VIRTQ_USED_F_NO_NOTIFY`: the device asks not to be notified.
 const USED_F_NO_NOTIFY: u16 = 1;
+/// `VIRTQ_AVAIL_F_NO_INTERRUPT`: the driver asks for no interrupts.
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
 
 /// One buffer of a request: a device address, a length, and whether the
 /// device writes it (else reads).
@@ -31,6 +33,9 @@ pub struct SplitQueue {
     size: u16,
     /// Free descriptors, as a stack.
     free: Vec<u16>,
+    /// Which descriptors the device holds (to catch a double completion
+    /// without searching the free stack).
+    busy: Vec<bool>,
     /// Each descriptor's successor in its chain (this side's copy: the
     /// device may scribble on the table).
     next: Vec<Option<u16>>,
@@ -69,6 +74,7 @@ impl SplitQueue {
             mem,
             size,
             free: (0..size).rev().collect(),
+            busy: vec![false; usize::from(size)],
             next: vec![None; usize::from(size)],
             avail_idx: 0,
             last_used: 0,
@@ -80,6 +86,7 @@ impl SplitQueue {
     pub fn reset(&mut self) -> Result<(), Error> {
         self.mem.write(0, &vec![0u8; Self::bytes(self.size)])?;
         self.free = (0..self.size).rev().collect();
+        self.busy = vec![false; usize::from(self.size)];
         self.next = vec![None; usize::from(self.size)];
         self.avail_idx = 0;
         self.last_used = 0;
@@ -110,6 +117,18 @@ impl SplitQueue {
     /// or `None` if there are not enough free descriptors (try again after
     /// completions).
     pub fn push(&mut self, chain: &[Segment]) -> Result<Option<u16>, Error> {
+        let head = self.stage(chain)?;
+        if head.is_some() {
+            self.publish()?;
+        }
+        Ok(head)
+    }
+
+    /// Writes `chain` into the rings without telling the device yet:
+    /// [`SplitQueue::publish`] makes everything staged available at once
+    /// (one index write and fence for a whole burst). Its head descriptor's
+    /// index, or `None` if there are not enough free descriptors.
+    pub fn stage(&mut self, chain: &[Segment]) -> Result<Option<u16>, Error> {
         if chain.is_empty() || chain.len() > usize::from(self.size) {
             return Err(Error::Invalid {
                 what: "descriptor chain",
@@ -119,26 +138,40 @@ impl SplitQueue {
         if self.free.len() < chain.len() {
             return Ok(None);
         }
-        let ids: Vec<u16> = (0..chain.len()).filter_map(|_| self.free.pop()).collect();
-        for (i, (seg, &id)) in chain.iter().zip(&ids).enumerate() {
-            let next = ids.get(i + 1).copied();
+        // The chain takes the top of the free stack, top first (no
+        // allocation: this runs for every request).
+        let keep = self.free.len() - chain.len();
+        let id_at = |i: usize| self.free[self.free.len() - 1 - i];
+        for (i, seg) in chain.iter().enumerate() {
+            let id = id_at(i);
+            let next = (i + 1 < chain.len()).then(|| id_at(i + 1));
             let mut flags = if seg.device_writes { DESC_F_WRITE } else { 0 };
             if next.is_some() {
                 flags |= DESC_F_NEXT;
             }
             self.write_desc(id, seg.iova, seg.len, flags, next.unwrap_or(0))?;
             self.next[usize::from(id)] = next;
+            self.busy[usize::from(id)] = true;
         }
-        let head = ids[0];
+        let head = id_at(0);
+        self.free.truncate(keep);
         let slot = usize::from(self.avail_idx % self.size);
         let avail = Self::avail_offset(self.size);
         self.mem.write_u16(avail + 4 + 2 * slot, head)?;
-        // The entry before the index that publishes it.
-        fence(Ordering::SeqCst);
         self.avail_idx = self.avail_idx.wrapping_add(1);
-        self.mem.write_u16(avail + 2, self.avail_idx)?;
-        fence(Ordering::SeqCst);
         Ok(Some(head))
+    }
+
+    /// Makes the staged chains available to the device.
+    pub fn publish(&mut self) -> Result<(), Error> {
+        // The entries before the index that publishes them.
+        fence(Ordering::SeqCst);
+        self.mem
+            .write_u16(Self::avail_offset(self.size) + 2, self.avail_idx)?;
+        // The index before the notification (or the check whether one is
+        // needed).
+        fence(Ordering::SeqCst);
+        Ok(())
     }
 
     /// Its indices: this side's and what the rings in memory say.
@@ -164,6 +197,31 @@ impl SplitQueue {
         Ok(self.mem.read_u16(used)? & USED_F_NO_NOTIFY == 0)
     }
 
+    /// Asks the device for interrupts on completions, or for none (the
+    /// driver polls the used ring). Only a hint to the device; after
+    /// turning them back on, check the used ring again: a completion may
+    /// have come while they were off.
+    pub fn set_interrupts(&self, on: bool) -> Result<(), Error> {
+        let flags = if on { 0 } else { AVAIL_F_NO_INTERRUPT };
+        self.mem.write_u16(Self::avail_offset(self.size), flags)?;
+        // The flag before any read of the used ring that follows.
+        fence(Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether it asks for interrupts.
+    pub fn interrupts(&self) -> Result<bool, Error> {
+        Ok(self.mem.read_u16(Self::avail_offset(self.size))? & AVAIL_F_NO_INTERRUPT == 0)
+    }
+
+    /// Whether the device has completed anything not yet popped (one
+    /// volatile load: cheap enough to spin on).
+    pub fn has_used(&self) -> bool {
+        self.mem
+            .read_u16(Self::used_offset(self.size) + 2)
+            .is_ok_and(|idx| idx != self.last_used)
+    }
+
     /// The next completion: the head of a chain the device is done with and
     /// the bytes it wrote; its descriptors are free again.
     pub fn pop_used(&mut self) -> Result<Option<(u16, u32)>, Error> {
@@ -186,9 +244,10 @@ impl SplitQueue {
         let mut at = Some(head);
         let mut guard = 0;
         while let Some(d) = at {
-            if self.free.contains(&d) || guard > usize::from(self.size) {
+            if !self.busy[usize::from(d)] || guard > usize::from(self.size) {
                 return Err(Error::Device(format!("descriptor {d} completed twice")));
             }
+            self.busy[usize::from(d)] = false;
             self.free.push(d);
             at = self.next[usize::from(d)].take();
             guard += 1;
@@ -296,6 +355,18 @@ mod tests {
     }
 
     #[test]
+    fn interrupts_are_asked_for_unless_turned_off() {
+        let q = queue(4);
+        let flags = || q.mem.read_u16(SplitQueue::avail_offset(4)).unwrap();
+        assert!(q.interrupts().unwrap());
+        q.set_interrupts(false).unwrap();
+        assert_eq!(flags(), AVAIL_F_NO_INTERRUPT);
+        assert!(!q.interrupts().unwrap());
+        q.set_interrupts(true).unwrap();
+        assert_eq!(flags(), 0);
+    }
+
+    #[test]
     fn indices_wrap_around_the_ring_and_past_u16() {
         let mut q = queue(2);
         let mut seen = 0u16;
@@ -362,5 +433,27 @@ mod tests {
         q.mem.write_u16(used + 2, 1).unwrap();
         assert!(matches!(q.pop_used(), Err(Error::Device(_))));
         assert!(SplitQueue::new(q.mem, 3).is_err(), "not a power of two");
+    }
+
+    #[test]
+    fn a_chain_completed_twice_is_an_error() {
+        let mut q = queue(4);
+        let mut seen = 0;
+        let head = q
+            .push(&[Segment {
+                iova: 0,
+                len: 1,
+                device_writes: false,
+            }])
+            .unwrap()
+            .unwrap();
+        device_completes(&q, &mut seen, 1);
+        assert_eq!(q.pop_used().unwrap(), Some((head, 1)));
+        // The device repeats the same head in the next used entry.
+        let used = SplitQueue::used_offset(4);
+        q.mem.write_u32(used + 4 + 8, u32::from(head)).unwrap();
+        q.mem.write_u16(used + 2, 2).unwrap();
+        assert!(matches!(q.pop_used(), Err(Error::Device(_))));
+        assert_eq!(q.free_descriptors(), 4, "freed once");
     }
 }
