@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
-use crate::mem::Mapping;
+use crate::mem::{HUGE_PAGE, Mapping};
 use crate::vfio::Container;
 
 /// The allocation unit: small requests (a header, an IV, a status byte and
@@ -33,6 +33,26 @@ impl DmaPool {
         let mem = Mapping::anonymous(round_up(len, 4096))?;
         container.map_dma(&mem, iova)?;
         Ok(DmaPool::with(mem, iova, Some(container)))
+    }
+
+    /// A pool for a device that bypasses the IOMMU and takes guest-physical
+    /// addresses (a virtio device without VIRTIO_F_ACCESS_PLATFORM, as
+    /// DPDK's `--iova-mode=pa`): one huge page (physically contiguous),
+    /// mapped for the container at its own physical address so that the
+    /// addresses are right whether or not the device's DMA is translated.
+    pub(crate) fn physical(container: Arc<Container>) -> Result<DmaPool, Error> {
+        let mem = Mapping::anonymous_huge(HUGE_PAGE)?;
+        let pa = mem.physical_address(0)?;
+        // The page's last byte too: same frame run (it is one huge page,
+        // but the kernel is asked, not assumed).
+        let last = mem.physical_address(HUGE_PAGE - 1)?;
+        if last != pa + HUGE_PAGE as u64 - 1 {
+            return Err(Error::Device(format!(
+                "huge page not physically contiguous ({pa:#x}..{last:#x})"
+            )));
+        }
+        container.map_dma(&mem, pa)?;
+        Ok(DmaPool::with(mem, pa, Some(container)))
     }
 
     /// A pool in plain memory that no device sees (for tests).
@@ -177,6 +197,11 @@ impl DmaBuf {
     /// Whether it is empty (never).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether it comes from `pool`.
+    pub fn same_pool(&self, pool: &Arc<DmaPool>) -> bool {
+        Arc::ptr_eq(&self.pool, pool)
     }
 
     /// The device address of byte `at`.

@@ -12,6 +12,10 @@ use nix::sys::mman::{MapFlags, ProtFlags, mmap, mmap_anonymous, munmap};
 
 use crate::error::Error;
 
+/// The huge page size the DMA pool uses for physical addressing (x86-64's
+/// default).
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
+
 /// A mapping, unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct Mapping {
@@ -71,6 +75,60 @@ impl Mapping {
             ptr: ptr.cast(),
             len,
         })
+    }
+
+    /// `len` bytes (a multiple of [`HUGE_PAGE`]) of zeroed anonymous
+    /// memory in huge pages, populated now: each huge page is physically
+    /// contiguous, so a device that takes guest-physical addresses can be
+    /// given one (from the reserved pool: `/proc/sys/vm/nr_hugepages`).
+    pub(crate) fn anonymous_huge(len: usize) -> Result<Mapping, Error> {
+        let size = NonZeroUsize::new(len)
+            .filter(|_| len.is_multiple_of(HUGE_PAGE))
+            .ok_or(Error::Invalid {
+                what: "huge mapping length",
+                detail: format!("{len} bytes"),
+            })?;
+        // SAFETY: a fresh private anonymous mapping aliases nothing.
+        let ptr = unsafe {
+            mmap_anonymous(
+                None,
+                size,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE | MapFlags::MAP_HUGETLB,
+            )
+        }
+        .map_err(|e| Error::sys("mmap MAP_HUGETLB (no huge pages reserved?)", e))?;
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// The physical address of byte `offset`, from `/proc/self/pagemap`
+    /// (which shows frame numbers to CAP_SYS_ADMIN only).
+    pub(crate) fn physical_address(&self, offset: usize) -> Result<u64, Error> {
+        use std::io::{Read, Seek, SeekFrom};
+        let vaddr = self.addr() + offset as u64;
+        let mut entry = [0u8; 8];
+        let mut f = std::fs::File::open("/proc/self/pagemap").map_err(|source| Error::Io {
+            op: "open /proc/self/pagemap",
+            source,
+        })?;
+        f.seek(SeekFrom::Start(vaddr / 4096 * 8))
+            .and_then(|_| f.read_exact(&mut entry))
+            .map_err(|source| Error::Io {
+                op: "read /proc/self/pagemap",
+                source,
+            })?;
+        let entry = u64::from_le_bytes(entry);
+        let pfn = entry & ((1 << 55) - 1);
+        if entry & (1 << 63) == 0 || pfn == 0 {
+            return Err(Error::Unavailable {
+                what: "physical addresses".into(),
+                detail: "page not present or frame numbers hidden (needs CAP_SYS_ADMIN)".into(),
+            });
+        }
+        Ok(pfn * 4096 + vaddr % 4096)
     }
 
     /// `len` bytes of a device region (a BAR) at `offset` in the device

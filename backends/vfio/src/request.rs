@@ -1,0 +1,219 @@
+//! A data request's layout in its DMA buffer (header, IV, status, input,
+//! output), its descriptor chain, and [`DmaRequest`], a request prepared in
+//! DMA memory for the zero-copy burst path.
+
+use crate::dma::DmaBuf;
+use crate::error::Error;
+use crate::protocol::{self, CipherAlgo, HEADER_LEN};
+use crate::virtqueue::Segment;
+
+/// Where a data request's parts sit in its DMA buffer.
+pub(crate) const IV_AT: usize = 80;
+pub(crate) const STATUS_AT: usize = 96;
+pub(crate) const DATA_AT: usize = 128;
+
+/// Where a data request's input and output sit in its DMA buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    /// The caller's length.
+    pub(crate) len: usize,
+    /// The length the device gets: QEMU's builtin backend refuses a CTR
+    /// request that ends in a partial block (status ERR, measured); CTR
+    /// being a stream, the input padded to whole blocks gives the same
+    /// first `len` bytes.
+    pub(crate) padded: usize,
+    /// Where the device writes the output.
+    pub(crate) out_at: usize,
+}
+
+impl Layout {
+    pub(crate) fn new(algo: CipherAlgo, len: usize) -> Layout {
+        let padded = match algo {
+            CipherAlgo::AesCtr => len.next_multiple_of(16),
+            _ => len,
+        };
+        Layout {
+            len,
+            padded,
+            out_at: DATA_AT + padded.next_multiple_of(16),
+        }
+    }
+
+    /// The DMA memory a request takes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.out_at + self.padded
+    }
+
+    /// Writes `data` (`len` bytes) as the input, padded with zeros.
+    pub(crate) fn write_input(&self, dma: &DmaBuf, data: &[u8]) -> Result<(), Error> {
+        if data.len() != self.len {
+            return Err(Error::Invalid {
+                what: "length",
+                detail: format!("{} bytes for a {}-byte request", data.len(), self.len),
+            });
+        }
+        dma.write(DATA_AT, data)?;
+        dma.write(DATA_AT + data.len(), &[0u8; 16][..self.padded - self.len])
+    }
+
+    /// The descriptor chain: header, IV (if any), input, output, status.
+    pub(crate) fn chain(&self, dma: &DmaBuf, iv_len: usize) -> Chain {
+        let seg = |at: usize, len: usize, device_writes| Segment {
+            iova: dma.iova(at),
+            len: len as u32,
+            device_writes,
+        };
+        let mut chain = Chain::empty();
+        chain.add(seg(0, HEADER_LEN, false));
+        if iv_len > 0 {
+            chain.add(seg(IV_AT, iv_len, false));
+        }
+        chain.add(seg(DATA_AT, self.padded, false));
+        chain.add(seg(self.out_at, self.padded, true));
+        chain.add(seg(STATUS_AT, 1, true));
+        chain
+    }
+}
+
+/// A descriptor chain of at most five segments, kept inline (one is built
+/// for every request).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Chain {
+    pub(crate) segs: [Segment; 5],
+    pub(crate) n: usize,
+}
+
+impl Chain {
+    pub(crate) fn empty() -> Chain {
+        let none = Segment {
+            iova: 0,
+            len: 0,
+            device_writes: false,
+        };
+        Chain {
+            segs: [none; 5],
+            n: 0,
+        }
+    }
+
+    pub(crate) fn new(segments: &[Segment]) -> Result<Chain, Error> {
+        let mut chain = Chain::empty();
+        if segments.len() > chain.segs.len() {
+            return Err(Error::Invalid {
+                what: "descriptor chain",
+                detail: format!("{} segments", segments.len()),
+            });
+        }
+        segments.iter().for_each(|s| chain.add(*s));
+        Ok(chain)
+    }
+
+    pub(crate) fn add(&mut self, segment: Segment) {
+        if let Some(slot) = self.segs.get_mut(self.n) {
+            *slot = segment;
+            self.n += 1;
+        }
+    }
+
+    pub(crate) fn segments(&self) -> &[Segment] {
+        &self.segs[..self.n]
+    }
+}
+
+/// A cipher request written into the device's DMA memory by
+/// [`CipherSession::prepare`](crate::CipherSession::prepare), sent (any number of times) by
+/// [`CipherSession::run_burst`](crate::CipherSession::run_burst): the zero-copy path, as DPDK's mbufs are
+/// filled in place. Its memory is wiped when it is dropped.
+pub struct DmaRequest {
+    pub(crate) dma: DmaBuf,
+    pub(crate) chain: Chain,
+    pub(crate) session: u64,
+    pub(crate) encrypt: bool,
+    pub(crate) layout: Layout,
+    pub(crate) iv_len: usize,
+    /// The device's status from the last run.
+    pub(crate) status: Option<u8>,
+}
+
+impl std::fmt::Debug for DmaRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DmaRequest")
+            .field("len", &self.layout.len)
+            .field("encrypt", &self.encrypt)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DmaRequest {
+    /// Its input's length.
+    pub fn len(&self) -> usize {
+        self.layout.len
+    }
+
+    /// Whether its input is empty (never: empty requests are not sent).
+    pub fn is_empty(&self) -> bool {
+        self.layout.len == 0
+    }
+
+    /// Whether it encrypts (else decrypts).
+    pub fn encrypts(&self) -> bool {
+        self.encrypt
+    }
+
+    /// Replaces its IV (or XTS tweak) for the next run.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for another length than the session's IV.
+    pub fn set_iv(&mut self, iv: &[u8]) -> Result<(), Error> {
+        if iv.len() != self.iv_len {
+            return Err(Error::Invalid {
+                what: "IV length",
+                detail: format!("{} bytes, the request takes {}", iv.len(), self.iv_len),
+            });
+        }
+        self.status = None;
+        self.dma.write(IV_AT, iv)
+    }
+
+    /// Replaces its input for the next run.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for another length than the request's.
+    pub fn set_input(&mut self, data: &[u8]) -> Result<(), Error> {
+        self.layout.write_input(&self.dma, data)?;
+        self.status = None;
+        Ok(())
+    }
+
+    /// The last run's result.
+    ///
+    /// # Errors
+    /// [`Error::Status`] if the device refused it; [`Error::Invalid`] if it
+    /// has not run since it was prepared or changed.
+    pub fn result(&self) -> Result<(), Error> {
+        match self.status {
+            Some(protocol::STATUS_OK) => Ok(()),
+            Some(status) => Err(Error::Status { status }),
+            None => Err(Error::Invalid {
+                what: "request",
+                detail: "not run since it was prepared or changed".into(),
+            }),
+        }
+    }
+
+    /// Copies the last run's output into `out` (the request's length).
+    ///
+    /// # Errors
+    /// As [`DmaRequest::result`]; [`Error::Invalid`] for another length.
+    pub fn output(&self, out: &mut [u8]) -> Result<(), Error> {
+        self.result()?;
+        if out.len() != self.layout.len {
+            return Err(Error::Invalid {
+                what: "length",
+                detail: format!("{} bytes for a {}-byte result", out.len(), self.layout.len),
+            });
+        }
+        self.dma.read(self.layout.out_at, out)
+    }
+}
