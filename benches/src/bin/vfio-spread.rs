@@ -120,6 +120,17 @@ fn main() {
             }
             let offload = b.build().expect("an Offload");
             offload.calibrate().await.expect("calibration");
+            // What the selector predicts for one request of this size with
+            // nothing in flight: the engines' latency and the CPU time they
+            // take here, against the CPU's own.
+            print!(
+                "{}",
+                offload.explain(
+                    CipherAlg::Aes128Cbc,
+                    crypto_offload::Direction::Encrypt,
+                    SIZE
+                )
+            );
             let rate = run(&offload, clients, time).await;
             let served: Vec<String> = offload
                 .backends()
