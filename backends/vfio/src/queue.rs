@@ -150,3 +150,65 @@ pub(crate) struct QueueState {
     /// When a completion last came (polled or interrupted).
     pub(crate) progress: std::time::Instant,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dma::DmaPool;
+
+    fn buf(pool: &Arc<DmaPool>) -> DmaBuf {
+        pool.try_alloc(16).unwrap().unwrap()
+    }
+
+    #[test]
+    fn pendings_count_what_they_hold() {
+        let pool = Arc::new(DmaPool::unmapped(1 << 16).unwrap());
+        let mut p = Pendings::new(8);
+        let (tx, _rx) = oneshot::channel();
+        p.insert(
+            3,
+            Pending {
+                buf: buf(&pool),
+                done: Completion::One(tx),
+            },
+        );
+        assert_eq!(p.len(), 1);
+        assert!(p.remove(2).is_none());
+        assert!(p.remove(9).is_none(), "past the ring: nothing, no panic");
+        assert!(p.remove(3).is_some());
+        assert!(p.is_empty());
+        for head in [1, 5] {
+            let (tx, _rx) = oneshot::channel();
+            p.insert(
+                head,
+                Pending {
+                    buf: buf(&pool),
+                    done: Completion::One(tx),
+                },
+            );
+        }
+        assert_eq!(p.drain().count(), 2);
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn a_burst_finishes_with_its_last_completion_or_fails_whole() {
+        let pool = Arc::new(DmaPool::unmapped(1 << 16).unwrap());
+        let burst = Arc::new(Burst::new(2));
+        Completion::Burst(burst.clone(), 1).complete(buf(&pool), 7);
+        assert!(!burst.finished().unwrap());
+        Completion::Burst(burst.clone(), 0).complete(buf(&pool), 8);
+        assert!(burst.finished().unwrap());
+        let lens: Vec<u32> = burst
+            .done
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_ref().unwrap().1)
+            .collect();
+        assert_eq!(lens, vec![8, 7]);
+        let failed = Burst::new(3);
+        failed.fail();
+        assert!(matches!(failed.finished(), Err(Error::Gone)));
+    }
+}

@@ -217,3 +217,75 @@ impl DmaRequest {
         self.dma.read(self.layout.out_at, out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::dma::DmaPool;
+
+    #[test]
+    fn ctr_is_padded_to_blocks_and_the_output_follows_the_input() {
+        let ctr = Layout::new(CipherAlgo::AesCtr, 20);
+        assert_eq!((ctr.len, ctr.padded, ctr.out_at), (20, 32, DATA_AT + 32));
+        let cbc = Layout::new(CipherAlgo::AesCbc, 48);
+        assert_eq!(
+            (cbc.padded, cbc.out_at, cbc.bytes()),
+            (48, DATA_AT + 48, DATA_AT + 96)
+        );
+    }
+
+    #[test]
+    fn the_chain_is_header_iv_input_output_status() {
+        let pool = Arc::new(DmaPool::unmapped(1 << 16).unwrap());
+        let dma = pool.try_alloc(1024).unwrap().unwrap();
+        let layout = Layout::new(CipherAlgo::AesCtr, 20);
+        let chain = layout.chain(&dma, 16);
+        let shape: Vec<(u64, u32, bool)> = chain
+            .segments()
+            .iter()
+            .map(|s| (s.iova - dma.iova(0), s.len, s.device_writes))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0, HEADER_LEN as u32, false),
+                (IV_AT as u64, 16, false),
+                (DATA_AT as u64, 32, false),
+                (layout.out_at as u64, 32, true),
+                (STATUS_AT as u64, 1, true),
+            ]
+        );
+        // ECB: no IV segment.
+        assert_eq!(
+            Layout::new(CipherAlgo::AesEcb, 16)
+                .chain(&dma, 0)
+                .segments()
+                .len(),
+            4
+        );
+        // The input is written padded with zeros, and only at its length.
+        dma.write(DATA_AT, &[0xee; 32]).unwrap();
+        layout.write_input(&dma, &[1; 20]).unwrap();
+        let mut back = [0u8; 32];
+        dma.read(DATA_AT, &mut back).unwrap();
+        assert_eq!(back[..20], [1; 20]);
+        assert_eq!(back[20..], [0; 12]);
+        assert!(matches!(
+            layout.write_input(&dma, &[1; 21]),
+            Err(Error::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn a_chain_holds_at_most_five_segments() {
+        let seg = Segment {
+            iova: 0,
+            len: 1,
+            device_writes: false,
+        };
+        assert_eq!(Chain::new(&[seg; 5]).unwrap().segments().len(), 5);
+        assert!(matches!(Chain::new(&[seg; 6]), Err(Error::Invalid { .. })));
+    }
+}
