@@ -61,6 +61,16 @@ impl RunKind {
     pub fn has_qmp(self) -> bool {
         self == Self::Vfio
     }
+
+    /// The guest's memory in MiB. The vfio run has more: its initramfs
+    /// (~180 MiB unpacked, and growing with the test binaries) lives in it,
+    /// and DPDK's `dpdk-test-crypto-perf` step reserves hugepages.
+    pub fn memory_mib(self) -> u32 {
+        match self {
+            Self::Plain | Self::Virtio => 1024,
+            Self::Vfio => 2048,
+        }
+    }
 }
 
 /// The QEMU ids of the vfio run's virtio-crypto devices, in PCI slot order
@@ -173,7 +183,9 @@ impl Machine {
             append.push_str(" intel_iommu=on");
         }
         command
-            .args(["-m", "1024", "-smp", "2", "-nographic", "-no-reboot"])
+            .arg("-m")
+            .arg(run.memory_mib().to_string())
+            .args(["-smp", "2", "-nographic", "-no-reboot"])
             .arg("-kernel")
             .arg(&self.kernel)
             .arg("-initrd")
@@ -667,8 +679,10 @@ mod tests {
             &"console=ttyS0 quiet panic=-1 VMTEST_RUN=plain CRYPTO_OFFLOAD_GUEST=1".into()
         ));
         assert!(!plain.iter().any(|a| a.contains("virtio-crypto")));
+        assert!(plain.windows(2).any(|w| w == ["-m", "1024"]), "{plain:?}");
         let virtio = args(RunKind::Virtio, Accel::Kvm);
         assert_eq!(virtio[..4], ["-accel", "kvm", "-cpu", "host"]);
+        assert!(virtio.windows(2).any(|w| w == ["-m", "1024"]), "{virtio:?}");
         assert!(virtio.contains(&"virtio-crypto-pci,cryptodev=cryptodev0".into()));
         assert!(
             virtio
@@ -697,7 +711,7 @@ mod tests {
         assert!(
             line.starts_with(
                 "-accel tcg -cpu max -machine q35,kernel-irqchip=split \
-                 -device intel-iommu,intremap=on,caching-mode=on -m 1024 -smp 2 "
+                 -device intel-iommu,intremap=on,caching-mode=on -m 2048 -smp 2 "
             ),
             "{line}"
         );
