@@ -53,8 +53,8 @@ pub struct VmTestArgs {
     /// Package whose test binaries run in every guest run (repeatable), as
     /// `PACKAGE[+FEATURE…][/TEST]` [default: crypto-offload-af-alg and
     /// crypto-offload+af-alg/af_alg if the workspace has them, else
-    /// crypto-offload-fallback; in the vfio run crypto-offload-vfio if the
-    /// workspace has it].
+    /// crypto-offload-fallback; in the vfio run crypto-offload-vfio and
+    /// crypto-offload+vfio+af-alg/vfio if the workspace has them].
     #[arg(long = "package", short = 'p', value_name = "P")]
     pub packages: Vec<String>,
     /// Extra binary built --release into the guest's /bin (repeatable)
