@@ -12,14 +12,19 @@
 #   VMTEST-VFIO <bdf> group=<n>          vfio run: a device bound to vfio-pci
 #   VMTEST-VFIO <bdf> failed <why>       ... one that could not be bound
 #   VMTEST-VFIO none                     ... no virtio-crypto device found
+#   VMTEST-VIRTIO-CRYPTO <virtioN> <bdf> vfio run: a device without
+#                                        ACCESS_PLATFORM, bound to virtio_crypto
+#   VMTEST-VIRTIO-CRYPTO none <bdf> <why> ... one that is not
 #   VMTEST-NOTE <text>                   for people; never judged
 #   VMTEST-DONE                          all ran; the guest powers off
 # and one line the host acts on (in runs with a QMP socket, the vfio run):
 #   VMTEST-QMP <command> [<JSON object>] the host sends that QMP command to
 #                                        QEMU and logs the reply; nothing comes
 #                                        back to the guest, which watches sysfs
-# In the vfio run the tests see VMTEST_VFIO_DEVICES: the bound devices' PCI
-# addresses (e.g. "0000:01:00.0 0000:02:00.0"), blank-separated.
+# In the vfio run the tests see VMTEST_VFIO_DEVICES: the PCI addresses of
+# the devices bound to vfio-pci (e.g. "0000:01:00.0 0000:02:00.0"), and
+# VMTEST_VIRTIO_DEVICES: those left to virtio_crypto (e.g. "0000:03:00.0"),
+# each blank-separated.
 # Files: /etc/vmtest/modules (insmod order, every run), then
 # /etc/vmtest/modules-$VMTEST_RUN if present (the run's own modules),
 # /etc/vmtest/tests ("<runs> <name>": which runs run /tests/<name>),
@@ -75,16 +80,66 @@ link_name() {
     echo "${target##*/}"
 }
 
-if [ "$VMTEST_RUN" = vfio ]; then
-    # Hand every virtio-crypto device (1af4:1054) to vfio-pci for the
-    # userspace driver: off its driver (virtio-pci took it at insmod), then
-    # driver_override so that only vfio-pci probes it.
-    VMTEST_VFIO_DEVICES=
-    found=
+# The virtio device (/sys/.../virtioN) that virtio-pci made of the PCI
+# device $1 (a sysfs folder), if any.
+virtio_of() {
+    for v in "$1"/virtio*; do
+        [ -d "$v" ] && echo "$v" && return 0
+    done
+    return 0
+}
+
+# The PCI devices 1af4:1054 (virtio-crypto), as sysfs folders.
+virtio_crypto_pci() {
     for dev in /sys/bus/pci/devices/*; do
-        [ "$(cat "$dev/vendor")" = 0x1af4 ] && [ "$(cat "$dev/device")" = 0x1054 ] || continue
+        [ "$(cat "$dev/vendor")" = 0x1af4 ] && [ "$(cat "$dev/device")" = 0x1054 ] && echo "$dev"
+    done
+    return 0
+}
+
+if [ "$VMTEST_RUN" = vfio ]; then
+    # Hand every virtio-crypto device (1af4:1054) that offers
+    # VIRTIO_F_ACCESS_PLATFORM (QEMU's iommu_platform=on: its DMA goes
+    # through the IOMMU) to vfio-pci for the userspace driver: off its driver
+    # (virtio-pci took it at insmod), then driver_override so that only
+    # vfio-pci probes it. A device without it DMAs to guest-physical
+    # addresses, which the VFIO driver cannot give it: it stays with the
+    # kernel's virtio_crypto (AF_ALG) and is listed in VMTEST_VIRTIO_DEVICES.
+    #
+    # The features are virtio_crypto's, negotiated at its probe: wait for it
+    # to drive every device first (it binds during insmod; allow a moment).
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        unbound=
+        for dev in $(virtio_crypto_pci); do
+            v=$(virtio_of "$dev")
+            [ "$(link_name "$v/driver")" = virtio_crypto ] || unbound=1
+        done
+        [ -z "$unbound" ] && break
+        sleep 0.2
+    done
+    VMTEST_VFIO_DEVICES=
+    VMTEST_VIRTIO_DEVICES=
+    found=
+    for dev in $(virtio_crypto_pci); do
         bdf=${dev##*/}
         found=1
+        # The virtio device's features: one '0'/'1' per bit, bit 0 first, so
+        # VIRTIO_F_ACCESS_PLATFORM (bit 33) is the 34th character.
+        v=$(virtio_of "$dev")
+        features=
+        [ -n "$v" ] && features=$(cat "$v/features")
+        echo "VMTEST-NOTE vfio: $bdf ${v##*/} features=${features:-unknown}"
+        if [ "$(echo "$features" | cut -c34)" != 1 ]; then
+            driver=$(link_name "$v/driver")
+            if [ "$driver" = virtio_crypto ]; then
+                echo "VMTEST-VIRTIO-CRYPTO ${v##*/} $bdf"
+                echo "VMTEST-NOTE vfio: $bdf (${v##*/}) offers no VIRTIO_F_ACCESS_PLATFORM: left to virtio_crypto (AF_ALG)"
+                VMTEST_VIRTIO_DEVICES="${VMTEST_VIRTIO_DEVICES:+$VMTEST_VIRTIO_DEVICES }$bdf"
+            else
+                echo "VMTEST-VIRTIO-CRYPTO none $bdf driver=${driver:-none}"
+            fi
+            continue
+        fi
         if [ -e "$dev/driver" ]; then
             echo "$bdf" > "$dev/driver/unbind"
         fi
@@ -100,7 +155,7 @@ if [ "$VMTEST_RUN" = vfio ]; then
         fi
     done
     [ -n "$found" ] || echo "VMTEST-VFIO none"
-    export VMTEST_VFIO_DEVICES
+    export VMTEST_VFIO_DEVICES VMTEST_VIRTIO_DEVICES
     echo "VMTEST-NOTE vfio: /dev/vfio: $(ls /dev/vfio 2>/dev/null | tr '\n' ' ')"
 fi
 

@@ -110,15 +110,17 @@ impl Workspace {
     }
 
     /// The packages whose tests `run` runs when none is given: in the vfio
-    /// run the VFIO driver's (and `Offload`'s VFIO backend test) if the
-    /// workspace has it; otherwise, and in the other runs,
+    /// run the VFIO driver's (and `Offload`'s VFIO backend test, built with
+    /// both the `vfio` and `af-alg` features: it may use the VFIO devices,
+    /// AF_ALG on the device left to virtio_crypto and the CPU together) if
+    /// the workspace has it; otherwise, and in the other runs,
     /// [`Self::default_test_packages`].
     pub fn default_test_packages_for(&self, run: RunKind) -> Vec<String> {
         match run {
             RunKind::Vfio if self.package(VFIO_PACKAGE).is_some() => {
                 let mut out = vec![VFIO_PACKAGE.to_owned()];
                 if self.package(OFFLOAD_PACKAGE).is_some() {
-                    out.push(format!("{OFFLOAD_PACKAGE}+vfio/vfio"));
+                    out.push(format!("{OFFLOAD_PACKAGE}+vfio+af-alg/vfio"));
                 }
                 out
             }
@@ -510,12 +512,20 @@ mod tests {
         }
         workspace.packages.push(package(VFIO_PACKAGE));
         assert_eq!(
-            workspace.default_test_packages_for(RunKind::Vfio)[0],
-            VFIO_PACKAGE
+            workspace.default_test_packages_for(RunKind::Vfio),
+            [VFIO_PACKAGE]
         );
         assert_eq!(
             workspace.default_test_packages_for(RunKind::Virtio),
             [AF_ALG_PACKAGE]
+        );
+        // With `Offload`, its VFIO test, built with both backends.
+        workspace.packages.push(package(OFFLOAD_PACKAGE));
+        let vfio = workspace.default_test_packages_for(RunKind::Vfio);
+        assert_eq!(vfio, [VFIO_PACKAGE, "crypto-offload+vfio+af-alg/vfio"]);
+        assert_eq!(
+            parse_test_spec(&vfio[1]),
+            ("crypto-offload", vec!["vfio", "af-alg"], Some("vfio"))
         );
         assert_eq!(
             parse_test_spec("crypto-offload+af-alg+testing/af_alg"),

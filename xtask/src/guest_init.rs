@@ -82,6 +82,7 @@ mod tests {
             "VMTEST-DONE",
             "VMTEST-VFIO",
             "VMTEST_VFIO_DEVICES",
+            "VMTEST_VIRTIO_DEVICES",
             "poweroff -f",
         ] {
             assert!(INIT_SCRIPT.contains(needed), "{needed}");

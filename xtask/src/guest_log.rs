@@ -6,7 +6,9 @@
 //! `VMTEST-END`, every exit status is 0, the kernel did not panic, QEMU was
 //! not killed for taking too long, in the virtio run a virtio-crypto device
 //! was bound to `virtio_crypto`, and in the vfio run at least one was bound
-//! to `vfio-pci` and none failed to. Markers are looked for anywhere in a
+//! to `vfio-pci` and none failed to, and the one without
+//! VIRTIO_F_ACCESS_PLATFORM (QEMU's `crypto2`) was bound to `virtio_crypto`
+//! and none such failed to. Markers are looked for anywhere in a
 //! line, since kernel messages can share a console line with the script's
 //! output. The harness adds its own failures (e.g. a failed QMP request)
 //! with [`LogParser::fail`].
@@ -66,7 +68,10 @@ pub struct LogParser {
     run: RunKind,
     report: RunReport,
     open: Option<(String, Duration)>,
-    virtio_device: Option<String>,
+    /// `VMTEST-VIRTIO-CRYPTO <virtioN> [<bdf>]`: devices bound to virtio_crypto.
+    virtio_bound: Vec<String>,
+    /// `VMTEST-VIRTIO-CRYPTO none <bdf> <why>`: devices that are not.
+    virtio_failed: Vec<String>,
     /// `VMTEST-VFIO <bdf> group=<n>`: devices bound to vfio-pci.
     vfio_bound: Vec<String>,
     /// `VMTEST-VFIO <bdf> failed ...`: devices that could not be bound.
@@ -82,7 +87,8 @@ impl LogParser {
             run,
             report: RunReport::default(),
             open: None,
-            virtio_device: None,
+            virtio_bound: Vec::new(),
+            virtio_failed: Vec::new(),
             vfio_bound: Vec::new(),
             vfio_failed: Vec::new(),
             panic: None,
@@ -116,9 +122,20 @@ impl LogParser {
             "VMTEST-DONE" => {
                 self.report.done_at.get_or_insert(at);
             }
-            "VMTEST-VIRTIO-CRYPTO" => {
-                self.virtio_device = words.next().map(str::to_owned);
-            }
+            // The virtio run: `<virtioN>` or `none`; the vfio run:
+            // `<virtioN> <bdf>` or `none <bdf> <why>`.
+            "VMTEST-VIRTIO-CRYPTO" => match (words.next(), words.next()) {
+                (None, _) | (Some("none"), None) => {}
+                (Some("none"), Some(bdf)) => {
+                    let why: Vec<&str> = words.collect();
+                    self.virtio_failed.push(if why.is_empty() {
+                        bdf.to_owned()
+                    } else {
+                        format!("{bdf} ({})", why.join(" "))
+                    });
+                }
+                (Some(device), bdf) => self.virtio_bound.push(bdf.unwrap_or(device).to_owned()),
+            },
             // `<bdf> group=<n>`, `<bdf> failed <why>`, or `none`.
             "VMTEST-VFIO" => match (words.next(), words.next()) {
                 (Some("none") | None, _) => {}
@@ -195,13 +212,11 @@ impl LogParser {
         if self.report.booted_at.is_none() {
             failures.push("the guest never printed VMTEST-BOOTED".into());
         }
-        if self.run == RunKind::Virtio && self.report.booted_at.is_some() {
-            match self.virtio_device.as_deref() {
-                None | Some("none") => {
-                    failures.push("no virtio-crypto device was bound to virtio_crypto".into())
-                }
-                Some(_) => {}
-            }
+        if self.run == RunKind::Virtio
+            && self.report.booted_at.is_some()
+            && self.virtio_bound.is_empty()
+        {
+            failures.push("no virtio-crypto device was bound to virtio_crypto".into());
         }
         if self.run == RunKind::Vfio && self.report.booted_at.is_some() {
             if self.vfio_bound.is_empty() {
@@ -210,6 +225,17 @@ impl LogParser {
             for device in &self.vfio_failed {
                 failures.push(format!(
                     "virtio-crypto device {device} was not bound to vfio-pci"
+                ));
+            }
+            if self.virtio_bound.is_empty() {
+                failures.push(
+                    "no virtio-crypto device without ACCESS_PLATFORM was bound to virtio_crypto"
+                        .into(),
+                );
+            }
+            for device in &self.virtio_failed {
+                failures.push(format!(
+                    "virtio-crypto device {device} was not bound to virtio_crypto"
                 ));
             }
         }
@@ -395,31 +421,53 @@ mod tests {
             }
             judge(RunKind::Vfio, &lines, Ending::Exited).failures
         };
+        const KERNEL: &str = "VMTEST-VIRTIO-CRYPTO virtio2 0000:03:00.0";
         let bound = [
             "VMTEST-VFIO 0000:01:00.0 group=2",
             "VMTEST-VFIO 0000:02:00.0 group=3",
+            KERNEL,
         ];
         assert_eq!(with(&bound), Vec::<String>::new());
         assert_eq!(
-            with(&["VMTEST-VFIO none"]),
+            with(&["VMTEST-VFIO none", KERNEL]),
             ["no virtio-crypto device was bound to vfio-pci"]
         );
         // No marker at all (e.g. an /init without the vfio section) fails too.
-        assert_eq!(with(&[]), ["no virtio-crypto device was bound to vfio-pci"]);
+        assert_eq!(
+            with(&[]),
+            [
+                "no virtio-crypto device was bound to vfio-pci",
+                "no virtio-crypto device without ACCESS_PLATFORM was bound to virtio_crypto"
+            ]
+        );
         // One bound and one not: the run fails, naming the one.
         assert_eq!(
             with(&[
                 bound[0],
-                "VMTEST-VFIO 0000:02:00.0 failed driver=virtio-pci group=3"
+                "VMTEST-VFIO 0000:02:00.0 failed driver=virtio-pci group=3",
+                KERNEL,
             ]),
             [
                 "virtio-crypto device 0000:02:00.0 (driver=virtio-pci group=3) was not bound to vfio-pci"
             ]
         );
+        // The device for the kernel must be bound to virtio_crypto.
+        assert_eq!(
+            with(&[
+                bound[0],
+                bound[1],
+                "VMTEST-VIRTIO-CRYPTO none 0000:03:00.0 driver=none"
+            ]),
+            [
+                "no virtio-crypto device without ACCESS_PLATFORM was bound to virtio_crypto",
+                "virtio-crypto device 0000:03:00.0 (driver=none) was not bound to virtio_crypto"
+            ]
+        );
         assert_eq!(
             with(&[
                 "VMTEST-VFIO 0000:01:00.0 failed",
-                "VMTEST-VFIO 0000:02:00.0"
+                "VMTEST-VFIO 0000:02:00.0",
+                KERNEL,
             ]),
             [
                 "no virtio-crypto device was bound to vfio-pci",
@@ -429,7 +477,10 @@ mod tests {
         );
         // After kernel text on the same line.
         assert_eq!(
-            with(&["[    3.1] vfio-pci 0000:01:00.0: enablingVMTEST-VFIO 0000:01:00.0 group=2"]),
+            with(&[
+                "[    3.1] vfio-pci 0000:01:00.0: enablingVMTEST-VFIO 0000:01:00.0 group=2",
+                KERNEL
+            ]),
             Vec::<String>::new()
         );
         // Other runs do not look for vfio-pci, nor the vfio run for virtio_crypto.

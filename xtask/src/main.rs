@@ -10,13 +10,15 @@
 //! with busybox and the kernel's AF_ALG, crypto, virtio and VFIO modules into
 //! an initramfs, boots Debian's kernel under QEMU without devices (`plain`),
 //! with a virtio-crypto device (`virtio`) and with two virtio-crypto devices
-//! behind an emulated IOMMU bound to vfio-pci (`vfio`), runs the test
-//! binaries in the guest and judges each run from the guest's serial console.
-//! The host needs `qemu-system-x86`, `busybox-static` and `linux-image-amd64`;
+//! behind an emulated IOMMU bound to vfio-pci and a third left to the kernel
+//! (`vfio`), runs the test binaries in the guest and judges each run from the
+//! guest's serial console. The host needs `qemu-system-x86`, `busybox-static`
+//! and `linux-image-amd64` (and, for the vfio run's DPDK step, `dpdk-dev`);
 //! nothing is installed by the task itself.
 
 #![forbid(unsafe_code)]
 
+mod dpdk;
 mod elf;
 mod guest_binaries;
 mod guest_init;

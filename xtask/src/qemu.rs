@@ -38,9 +38,11 @@ pub enum RunKind {
     Plain,
     /// With a virtio-crypto PCI device (QEMU's builtin backend, no IOMMU).
     Virtio,
-    /// q35 with an emulated Intel IOMMU and two virtio-crypto devices, each
-    /// behind its own PCIe root port, bound to vfio-pci in the guest for a
-    /// userspace driver; QEMU has a QMP socket for hot-unplug requests.
+    /// q35 with an emulated Intel IOMMU and three virtio-crypto devices, each
+    /// behind its own PCIe root port: two bound to vfio-pci in the guest for
+    /// a userspace driver, and one without `iommu_platform` left to the
+    /// kernel's virtio_crypto (AF_ALG, DPDK); QEMU has a QMP socket for
+    /// hot-unplug requests.
     Vfio,
 }
 
@@ -61,11 +63,28 @@ impl RunKind {
     pub fn has_qmp(self) -> bool {
         self == Self::Vfio
     }
+
+    /// The guest's memory in MiB. The vfio run has more: its initramfs
+    /// (~180 MiB unpacked, and growing with the test binaries) lives in it,
+    /// and DPDK's `dpdk-test-crypto-perf` step reserves hugepages.
+    pub fn memory_mib(self) -> u32 {
+        match self {
+            Self::Plain | Self::Virtio => 1024,
+            Self::Vfio => 2048,
+        }
+    }
 }
 
-/// The QEMU ids of the vfio run's virtio-crypto devices, in PCI slot order
-/// (`crypto0` behind root port `rp1`, ...). `VMTEST-QMP device_del` names them.
+/// The QEMU ids of the vfio run's virtio-crypto devices for VFIO, in PCI
+/// slot order (`crypto0` behind root port `rp1`, ...), with
+/// `iommu_platform=on`. `VMTEST-QMP device_del` names them.
 pub const VFIO_DEVICE_IDS: [&str; 2] = ["crypto0", "crypto1"];
+/// The QEMU id of the vfio run's virtio-crypto device for the kernel's
+/// driver, behind the next root port (`rp3`). It has `iommu_platform=off`,
+/// so it does not offer VIRTIO_F_ACCESS_PLATFORM and DMAs to guest-physical
+/// addresses: the guest leaves it to virtio_crypto (AF_ALG), and DPDK's
+/// crypto_virtio (`--iova-mode=pa`) can drive it, our VFIO driver cannot.
+pub const KERNEL_DEVICE_ID: &str = "crypto2";
 
 /// The accelerator policy asked for on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -173,7 +192,9 @@ impl Machine {
             append.push_str(" intel_iommu=on");
         }
         command
-            .args(["-m", "1024", "-smp", "2", "-nographic", "-no-reboot"])
+            .arg("-m")
+            .arg(run.memory_mib().to_string())
+            .args(["-smp", "2", "-nographic", "-no-reboot"])
             .arg("-kernel")
             .arg(&self.kernel)
             .arg("-initrd")
@@ -193,8 +214,13 @@ impl Machine {
             RunKind::Vfio => {
                 // Each device behind its own root port: its own IOMMU group,
                 // a PCI PM capability (VFIO_DEVICE_RESET, runtime PM) and
-                // hot-unplug (`device_del` over QMP).
-                for (n, id) in VFIO_DEVICE_IDS.iter().enumerate() {
+                // hot-unplug (`device_del` over QMP). The VFIO devices go
+                // through the IOMMU (ACCESS_PLATFORM); the kernel's does not.
+                let devices = VFIO_DEVICE_IDS
+                    .iter()
+                    .map(|id| (id, "on"))
+                    .chain([(&KERNEL_DEVICE_ID, "off")]);
+                for (n, (id, iommu_platform)) in devices.enumerate() {
                     let port = n + 1;
                     command.args([
                         "-object".into(),
@@ -203,7 +229,7 @@ impl Machine {
                         format!("pcie-root-port,id=rp{port},bus=pcie.0,chassis={port},slot={port}"),
                         "-device".into(),
                         format!(
-                            "virtio-crypto-pci,id={id},bus=rp{port},cryptodev=cryptodev{n},iommu_platform=on,disable-legacy=on"
+                            "virtio-crypto-pci,id={id},bus=rp{port},cryptodev=cryptodev{n},iommu_platform={iommu_platform},disable-legacy=on"
                         ),
                     ]);
                 }
@@ -667,8 +693,10 @@ mod tests {
             &"console=ttyS0 quiet panic=-1 VMTEST_RUN=plain CRYPTO_OFFLOAD_GUEST=1".into()
         ));
         assert!(!plain.iter().any(|a| a.contains("virtio-crypto")));
+        assert!(plain.windows(2).any(|w| w == ["-m", "1024"]), "{plain:?}");
         let virtio = args(RunKind::Virtio, Accel::Kvm);
         assert_eq!(virtio[..4], ["-accel", "kvm", "-cpu", "host"]);
+        assert!(virtio.windows(2).any(|w| w == ["-m", "1024"]), "{virtio:?}");
         assert!(virtio.contains(&"virtio-crypto-pci,cryptodev=cryptodev0".into()));
         assert!(
             virtio
@@ -678,7 +706,7 @@ mod tests {
     }
 
     #[test]
-    fn the_vfio_run_has_an_iommu_two_devices_on_root_ports_and_qmp() {
+    fn the_vfio_run_has_an_iommu_three_devices_on_root_ports_and_qmp() {
         let machine = Machine {
             qemu: "qemu".into(),
             kernel: "/k".into(),
@@ -697,7 +725,7 @@ mod tests {
         assert!(
             line.starts_with(
                 "-accel tcg -cpu max -machine q35,kernel-irqchip=split \
-                 -device intel-iommu,intremap=on,caching-mode=on -m 1024 -smp 2 "
+                 -device intel-iommu,intremap=on,caching-mode=on -m 2048 -smp 2 "
             ),
             "{line}"
         );
@@ -705,17 +733,22 @@ mod tests {
             line.contains(" VMTEST_RUN=vfio CRYPTO_OFFLOAD_GUEST=1 intel_iommu=on "),
             "{line}"
         );
-        for n in 0..2 {
+        // crypto0 and crypto1 for VFIO (in slot order), crypto2 for the
+        // kernel, without ACCESS_PLATFORM.
+        for (n, iommu_platform) in [(0, "on"), (1, "on"), (2, "off")] {
             let port = n + 1;
             assert!(
                 line.contains(&format!(
                     "-object cryptodev-backend-builtin,id=cryptodev{n} \
                      -device pcie-root-port,id=rp{port},bus=pcie.0,chassis={port},slot={port} \
-                     -device virtio-crypto-pci,id=crypto{n},bus=rp{port},cryptodev=cryptodev{n},iommu_platform=on,disable-legacy=on"
+                     -device virtio-crypto-pci,id=crypto{n},bus=rp{port},cryptodev=cryptodev{n},iommu_platform={iommu_platform},disable-legacy=on"
                 )),
                 "{line}"
             );
         }
+        assert_eq!(line.matches("virtio-crypto-pci").count(), 3, "{line}");
+        assert_eq!(VFIO_DEVICE_IDS, ["crypto0", "crypto1"]);
+        assert_eq!(KERNEL_DEVICE_ID, "crypto2");
         // The socket path's comma is doubled for QEMU's option parser.
         assert!(
             line.ends_with("-qmp unix:/t/vm-test,,x/vfio.qmp,server=on,wait=off"),

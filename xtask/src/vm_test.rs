@@ -25,7 +25,7 @@ use crate::guest_init::{
 use crate::initramfs::{Initramfs, Source};
 use crate::modules::{self, Skipped};
 use crate::qemu::{self, AccelChooser, AccelPolicy, Machine, RunKind};
-use crate::{kernel, shared_libs, summary, tools};
+use crate::{dpdk, kernel, shared_libs, summary, tools};
 
 /// gzip level of the initramfs: 0, stored. The test binaries carry ~100 MB
 /// of mostly debug info, and under TCG the guest kernel's inflate is slow:
@@ -53,8 +53,8 @@ pub struct VmTestArgs {
     /// Package whose test binaries run in every guest run (repeatable), as
     /// `PACKAGE[+FEATURE…][/TEST]` [default: crypto-offload-af-alg and
     /// crypto-offload+af-alg/af_alg if the workspace has them, else
-    /// crypto-offload-fallback; in the vfio run crypto-offload-vfio if the
-    /// workspace has it].
+    /// crypto-offload-fallback; in the vfio run crypto-offload-vfio and
+    /// crypto-offload+vfio+af-alg/vfio if the workspace has them].
     #[arg(long = "package", short = 'p', value_name = "P")]
     pub packages: Vec<String>,
     /// Extra binary built --release into the guest's /bin (repeatable)
@@ -157,6 +157,21 @@ pub fn run(args: &VmTestArgs) -> Result<Verdict> {
         host.kernel.version
     );
 
+    // DPDK only for the vfio run's dpdk-crypto-perf step, and only if the
+    // host has it: without it the step is skipped and the run still passes.
+    let dpdk = if args.run.runs().contains(&RunKind::Vfio) {
+        let found = dpdk::find(&host.ldd)?;
+        if found.is_none() {
+            eprintln!(
+                "vm-test: no {} on the host (Debian package dpdk-dev): the vfio run's dpdk-crypto-perf step is skipped",
+                dpdk::HOST_BINARY
+            );
+        }
+        found
+    } else {
+        None
+    };
+
     let phase = Instant::now();
     let cargo = guest_binaries::cargo();
     let workspace = Workspace::load(&cargo)?;
@@ -187,7 +202,15 @@ pub fn run(args: &VmTestArgs) -> Result<Verdict> {
     let boot_image = kernel::boot_image(&host.kernel.image, &vm_dir)?;
     eprintln!("vm-test: booting {}", boot_image.note);
     let stage = vm_dir.join("stage");
-    let initrd = pack_initramfs(&host, &tests, &test_runs, &bins, &args.skip, &stage)?;
+    let initrd = pack_initramfs(
+        &host,
+        &tests,
+        &test_runs,
+        &bins,
+        dpdk.as_ref(),
+        &args.skip,
+        &stage,
+    )?;
     phases.push(("kernel and initramfs", phase.elapsed()));
 
     let machine = Machine {
@@ -235,12 +258,15 @@ pub fn run(args: &VmTestArgs) -> Result<Verdict> {
 /// guest's scripts into `stage/initramfs.cpio.gz` and returns its path. The
 /// stage also gets a manifest and copies of the generated files. One
 /// initramfs serves every run: `test_runs` (one entry per test) says which
-/// runs run each test, and each run's own modules are listed apart.
+/// runs run each test, and each run's own modules are listed apart. With
+/// `dpdk`, DPDK's test application, its plugins and libraries and the
+/// script that runs it go in too.
 fn pack_initramfs(
     host: &tools::HostTools,
     tests: &[TestBinary],
     test_runs: &[Vec<RunKind>],
     bins: &[GuestBinary],
+    dpdk: Option<&dpdk::Dpdk>,
     skip: &[String],
     stage: &std::path::Path,
 ) -> Result<PathBuf> {
@@ -263,6 +289,11 @@ fn pack_initramfs(
             )?;
             libraries.extend(shared_libs::libraries_of(&host.ldd, &binary.host_path)?);
         }
+    }
+    if let Some(dpdk) = dpdk {
+        initramfs.add_file(dpdk::GUEST_BINARY, Source::Host(dpdk.binary.clone()), 0o755)?;
+        // The plugins are libraries too: at their host paths.
+        libraries.extend(dpdk.libraries.iter().chain(&dpdk.plugins).cloned());
     }
     for library in &libraries {
         let guest = library.to_str().context("a library path is not UTF-8")?;
@@ -332,6 +363,16 @@ fn pack_initramfs(
         ),
         (STEPS_PATH.to_owned(), guest_init::STEPS.to_owned(), 0o644),
     ]);
+    if let Some(dpdk) = dpdk {
+        generated.extend([
+            (
+                dpdk::GUEST_SCRIPT.to_owned(),
+                dpdk::SCRIPT.to_owned(),
+                0o755,
+            ),
+            (dpdk::PLUGINS_PATH.to_owned(), dpdk.plugins_list(), 0o644),
+        ]);
+    }
     for (path, text, mode) in generated {
         let path = path.as_str();
         initramfs.add_file(path, Source::Bytes(text.clone().into_bytes()), mode)?;
