@@ -2,7 +2,6 @@
 //! completion task, submission and the adaptive poll/interrupt wait, power
 //! and failure handling.
 
-use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -75,11 +74,13 @@ pub(crate) struct Inner {
     pub(crate) sessions: std::sync::atomic::AtomicUsize,
     /// Completions handed back, per thread (name and id): where the
     /// completion work ran.
-    completion_threads: Mutex<HashMap<String, u64>>,
+    completion_threads: Mutex<Vec<(std::thread::ThreadId, String, u64)>>,
     /// Requests the device held when the kernel asked for it back.
     released_with: std::sync::atomic::AtomicUsize,
     /// The removal-request watcher.
     watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// MSI-X interrupts received.
+    interrupts: std::sync::atomic::AtomicU64,
     /// How long a waiting caller polls without progress, in nanoseconds
     /// (0: never; interrupts only).
     poll_for: std::sync::atomic::AtomicU64,
@@ -156,9 +157,10 @@ impl CryptoDevice {
                 irq: irq_dup,
                 low_power: AtomicBool::new(false),
                 sessions: std::sync::atomic::AtomicUsize::new(0),
-                completion_threads: Mutex::new(HashMap::new()),
+                completion_threads: Mutex::new(Vec::new()),
                 released_with: std::sync::atomic::AtomicUsize::new(0),
                 watcher: Mutex::new(None),
+                interrupts: std::sync::atomic::AtomicU64::new(0),
                 poll_for: std::sync::atomic::AtomicU64::new(POLL_FOR.as_nanos() as u64),
             });
             // SAFETY: the `EventFd` owns its descriptor, so it stays open for
@@ -251,6 +253,12 @@ impl CryptoDevice {
         self.inner.poll_for.store(nanos, Ordering::Relaxed);
     }
 
+    /// MSI-X interrupts received so far (each can announce many
+    /// completions; none come while callers poll).
+    pub fn interrupts(&self) -> u64 {
+        self.inner.interrupts.load(Ordering::Relaxed)
+    }
+
     /// Completions handed back so far, per thread that found them (by
     /// interrupt or by polling; a tokio worker's name and the thread's
     /// id): where this device's completion work ran.
@@ -260,7 +268,7 @@ impl CryptoDevice {
             .completion_threads
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<_> = map.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let mut v: Vec<_> = map.iter().map(|(_, name, n)| (name.clone(), *n)).collect();
         v.sort();
         v
     }
@@ -478,9 +486,9 @@ fn queue(transport: &Transport, pool: &Arc<DmaPool>, index: u16) -> Result<Queue
             ring,
             pending: Pendings::new(size),
             pollers: 0,
-            progress: std::time::Instant::now(),
         }),
         room: Notify::new(),
+        room_waiters: std::sync::atomic::AtomicUsize::new(0),
     })
 }
 
@@ -511,9 +519,13 @@ async fn reap(inner: Weak<Inner>, irq: AsyncFd<EventFd>) {
                 return;
             }
         };
-        // Consume the count; spurious wake-ups read EAGAIN.
-        let _ = ready.try_io(|fd| fd.get_ref().read().map_err(std::io::Error::from));
+        // Consume the count (interrupts since the last read); spurious
+        // wake-ups read EAGAIN.
+        let count = ready.try_io(|fd| fd.get_ref().read().map_err(std::io::Error::from));
         let Some(inner) = inner.upgrade() else { return };
+        if let Ok(Ok(n)) = count {
+            inner.interrupts.fetch_add(n, Ordering::Relaxed);
+        }
         inner.drain(&inner.data);
         inner.drain(&inner.ctrl);
     }
@@ -541,12 +553,11 @@ impl Inner {
                 }
             }
         }
-        if freed > 0 {
-            state.progress = std::time::Instant::now();
-        }
         drop(state);
         if freed > 0 {
-            q.room.notify_waiters();
+            if q.room_waiters.load(Ordering::Acquire) > 0 {
+                q.room.notify_waiters();
+            }
             self.count_completions(freed);
         }
     }
@@ -554,24 +565,21 @@ impl Inner {
     /// Notes that this thread handed back `n` completions (the spreading
     /// measurement: which threads do the completion work).
     fn count_completions(&self, n: u64) {
-        thread_local! {
-            static NAME: String = {
+        // By thread id (a cheap comparison: this runs for every drain that
+        // found something); the name is made once per thread.
+        let id = std::thread::current().id();
+        let mut threads = self
+            .completion_threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match threads.iter_mut().find(|(t, _, _)| *t == id) {
+            Some((_, _, count)) => *count += n,
+            None => {
                 let thread = std::thread::current();
-                format!("{} {:?}", thread.name().unwrap_or("thread"), thread.id())
-            };
-        }
-        NAME.with(|name| {
-            let mut threads = self
-                .completion_threads
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            match threads.get_mut(name) {
-                Some(count) => *count += n,
-                None => {
-                    threads.insert(name.clone(), n);
-                }
+                let name = format!("{} {id:?}", thread.name().unwrap_or("thread"));
+                threads.push((id, name, n));
             }
-        });
+        }
     }
 
     /// Waits for `rx`, the completion of a request on `q`: polls first
@@ -650,7 +658,10 @@ impl Inner {
             return Ok(true);
         }
         let _polling = Polling::start(self, q);
-        let started = std::time::Instant::now();
+        // The clock is read once per round of spins that saw nothing, not
+        // per completion.
+        let mut quiet_since = std::time::Instant::now();
+        let mut progress = false;
         tokio::task::yield_now().await;
         loop {
             self.drain(q);
@@ -663,10 +674,12 @@ impl Inner {
                 spins += 1;
             }
             if spins < SPINS {
+                progress = true;
                 continue;
             }
-            let progress = q.state.lock().unwrap_or_else(|p| p.into_inner()).progress;
-            if progress.max(started).elapsed() > budget {
+            if std::mem::take(&mut progress) {
+                quiet_since = std::time::Instant::now();
+            } else if quiet_since.elapsed() > budget {
                 // The guard's drop turns interrupts on and drains once more.
                 return Ok(false);
             }
@@ -822,6 +835,9 @@ impl Inner {
             let room = q.room.notified();
             tokio::pin!(room);
             room.as_mut().enable();
+            // Counted before the ring is looked at under its lock, so that
+            // a drain that frees descriptors after that look sees it.
+            let _waiting = RoomWaiter::new(q);
             let (notify, full) = {
                 let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
                 if self.gone.load(Ordering::Acquire) {
@@ -944,6 +960,23 @@ impl Inner {
             protocol::STATUS_OK => Ok(()),
             status => Err(Error::Status { status }),
         }
+    }
+}
+
+/// A submitter that may wait for room in a queue, counted so that drains
+/// wake waiters only when there are any.
+struct RoomWaiter<'a>(&'a Queue);
+
+impl<'a> RoomWaiter<'a> {
+    fn new(q: &'a Queue) -> RoomWaiter<'a> {
+        q.room_waiters.fetch_add(1, Ordering::AcqRel);
+        RoomWaiter(q)
+    }
+}
+
+impl Drop for RoomWaiter<'_> {
+    fn drop(&mut self) {
+        self.0.room_waiters.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

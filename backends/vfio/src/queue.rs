@@ -139,6 +139,8 @@ pub(crate) struct Queue {
     pub(crate) state: Mutex<QueueState>,
     /// Descriptors were freed.
     pub(crate) room: Notify,
+    /// Submitters that may be waiting on `room`.
+    pub(crate) room_waiters: AtomicUsize,
 }
 
 pub(crate) struct QueueState {
@@ -147,8 +149,6 @@ pub(crate) struct QueueState {
     /// Callers polling this queue for their completions; the device is
     /// asked for no interrupts while there are any.
     pub(crate) pollers: usize,
-    /// When a completion last came (polled or interrupted).
-    pub(crate) progress: std::time::Instant,
 }
 
 #[cfg(test)]

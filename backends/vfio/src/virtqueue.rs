@@ -256,11 +256,15 @@ impl SplitQueue {
     }
 
     fn write_desc(&self, id: u16, addr: u64, len: u32, flags: u16, next: u16) -> Result<(), Error> {
+        // Two stores, not four: `len`, `flags` and `next` are the second
+        // little-endian u64 of the descriptor (this runs five times a
+        // request).
         let at = 16 * usize::from(id);
         self.mem.write_u64(at, addr)?;
-        self.mem.write_u32(at + 8, len)?;
-        self.mem.write_u16(at + 12, flags)?;
-        self.mem.write_u16(at + 14, next)
+        self.mem.write_u64(
+            at + 8,
+            u64::from(len) | u64::from(flags) << 32 | u64::from(next) << 48,
+        )
     }
 }
 
