@@ -51,9 +51,13 @@ struct Args {
     /// Request sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "64,256,1024,2048")]
     sizes: Vec<usize>,
-    /// Operations per size (ours and DPDK's).
+    /// Operations per size (ours in bursts, and DPDK's).
     #[arg(long, default_value_t = 200_000)]
     ops: u64,
+    /// Operations per size through the per-request API [default: a tenth
+    /// of --ops].
+    #[arg(long)]
+    single_ops: Option<u64>,
     /// Requests per burst (ours; DPDK's is 32).
     #[arg(long, default_value_t = 32)]
     burst: usize,
@@ -140,7 +144,10 @@ async fn ours_per_request(session: Rc<CipherSession>, size: usize, args: &Args) 
     let expected = cpu_cbc(&data);
     let out = session.encrypt(&IV, data.clone()).await.expect("a request");
     assert_eq!(out, expected, "device output differs from the CPU's");
-    let per_task = args.ops.div_ceil(args.clients as u64);
+    let per_task = args
+        .single_ops
+        .unwrap_or(args.ops / 10)
+        .div_ceil(args.clients as u64);
     let start = Instant::now();
     let tasks: Vec<_> = (0..args.clients)
         .map(|_| {
@@ -215,8 +222,16 @@ fn measure(device: &str, args: &Args) -> Vec<(usize, f64, f64)> {
         );
         let mut rows = Vec::new();
         for &size in &args.sizes {
+            let irqs = dev.interrupts();
             let burst = ours_burst(session.clone(), size, args).await;
+            let between = dev.interrupts();
             let single = ours_per_request(session.clone(), size, args).await;
+            eprintln!(
+                "ours on {device}, {size} B: burst {burst:.0} ops/s ({} interrupts), \
+                 1-by-1 {single:.0} ops/s ({} interrupts)",
+                between - irqs,
+                dev.interrupts() - between
+            );
             rows.push((size, burst, single));
         }
         rows
@@ -375,8 +390,12 @@ fn main() {
     };
 
     println!(
-        "AES-128-CBC encrypt, ops/s, {} ops per size; burst: {} x {} in flight, 1-by-1: {} clients",
-        args.ops, args.burst, args.bursts, args.clients
+        "AES-128-CBC encrypt, ops/s, {} ops per size; burst: {} x {} in flight, 1-by-1: {} clients, {} ops",
+        args.ops,
+        args.burst,
+        args.bursts,
+        args.clients,
+        args.single_ops.unwrap_or(args.ops / 10)
     );
     println!(
         "  IOMMU: ours on {device} (iommu_platform=on); PA: ours on {}, DPDK on {} \
