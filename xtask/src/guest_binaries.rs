@@ -33,10 +33,11 @@ pub const DEFAULT_BINARY: &str = "offload-cli:offload";
 /// The extra binaries included by default: `offload`, the AF_ALG
 /// mechanism's overhead measurement, and the VFIO completion-spreading
 /// measurement.
-pub const DEFAULT_BINARIES: [&str; 3] = [
+pub const DEFAULT_BINARIES: [&str; 4] = [
     DEFAULT_BINARY,
     "crypto-offload-benches:af-alg-overhead",
     "crypto-offload-benches:vfio-spread",
+    "crypto-offload-benches:vfio-vs-dpdk",
 ];
 
 /// What `cargo metadata --no-deps` says about the workspace.

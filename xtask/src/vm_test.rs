@@ -59,7 +59,8 @@ pub struct VmTestArgs {
     pub packages: Vec<String>,
     /// Extra binary built --release into the guest's /bin (repeatable)
     /// [default: offload-cli:offload and
-    /// crypto-offload-benches:af-alg-overhead and crypto-offload-benches:vfio-spread].
+    /// crypto-offload-benches:af-alg-overhead, crypto-offload-benches:vfio-spread
+    /// and crypto-offload-benches:vfio-vs-dpdk].
     #[arg(long = "bin-package", value_name = "P:BIN", default_values = guest_binaries::DEFAULT_BINARIES)]
     pub bin_packages: Vec<BinSpec>,
     /// Skip tests whose names contain NAME (libtest's --skip; repeatable).
