@@ -57,6 +57,28 @@ impl Mapping {
     /// `len` bytes of zeroed anonymous memory, populated now (so that the
     /// IOMMU mapping pins it at once).
     pub(crate) fn anonymous(len: usize) -> Result<Mapping, Error> {
+        Mapping::populated(len, MapFlags::empty(), "mmap")
+    }
+
+    /// `len` bytes (a multiple of [`HUGE_PAGE`]) of zeroed anonymous
+    /// memory in huge pages, populated now: each huge page is physically
+    /// contiguous, so a device that takes guest-physical addresses can be
+    /// given one (from the reserved pool: `/proc/sys/vm/nr_hugepages`).
+    pub(crate) fn anonymous_huge(len: usize) -> Result<Mapping, Error> {
+        if !len.is_multiple_of(HUGE_PAGE) {
+            return Err(Error::Invalid {
+                what: "huge mapping length",
+                detail: format!("{len} bytes"),
+            });
+        }
+        Mapping::populated(
+            len,
+            MapFlags::MAP_HUGETLB,
+            "mmap MAP_HUGETLB (no huge pages reserved?)",
+        )
+    }
+
+    fn populated(len: usize, extra: MapFlags, op: &'static str) -> Result<Mapping, Error> {
         let size = NonZeroUsize::new(len).ok_or(Error::Invalid {
             what: "mapping length",
             detail: "zero".into(),
@@ -67,37 +89,10 @@ impl Mapping {
                 None,
                 size,
                 ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE | extra,
             )
         }
-        .map_err(|e| Error::sys("mmap", e))?;
-        Ok(Mapping {
-            ptr: ptr.cast(),
-            len,
-        })
-    }
-
-    /// `len` bytes (a multiple of [`HUGE_PAGE`]) of zeroed anonymous
-    /// memory in huge pages, populated now: each huge page is physically
-    /// contiguous, so a device that takes guest-physical addresses can be
-    /// given one (from the reserved pool: `/proc/sys/vm/nr_hugepages`).
-    pub(crate) fn anonymous_huge(len: usize) -> Result<Mapping, Error> {
-        let size = NonZeroUsize::new(len)
-            .filter(|_| len.is_multiple_of(HUGE_PAGE))
-            .ok_or(Error::Invalid {
-                what: "huge mapping length",
-                detail: format!("{len} bytes"),
-            })?;
-        // SAFETY: a fresh private anonymous mapping aliases nothing.
-        let ptr = unsafe {
-            mmap_anonymous(
-                None,
-                size,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE | MapFlags::MAP_HUGETLB,
-            )
-        }
-        .map_err(|e| Error::sys("mmap MAP_HUGETLB (no huge pages reserved?)", e))?;
+        .map_err(|e| Error::sys(op, e))?;
         Ok(Mapping {
             ptr: ptr.cast(),
             len,
