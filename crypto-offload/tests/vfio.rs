@@ -194,6 +194,9 @@ fn a_device_reset_mid_burst_completes_every_request_on_the_cpu() {
         let backend = VfioBackend::open(&devices[0]).await.unwrap();
         let name = backend.name().to_owned();
         let device = backend.device().clone();
+        // Completions by interrupt only, so that requests pile up in the
+        // device (a polling caller takes each back at once).
+        device.set_poll_for(std::time::Duration::ZERO);
         let offload = Offload::builder()
             .backend(Arc::new(backend))
             .pin(name.clone())
@@ -214,9 +217,14 @@ fn a_device_reset_mid_burst_completes_every_request_on_the_cpu() {
                 })
             })
             .collect();
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        let in_flight = device.in_flight();
+        let mut in_flight = 0;
+        let loaded = until(10, || {
+            in_flight = device.in_flight();
+            in_flight >= 16
+        })
+        .await;
         device.reset().unwrap();
+        assert!(loaded, "fewer than 16 requests in the device at the reset: {in_flight}");
         let reference = Offload::builder().build().unwrap();
         let cpu = reference
             .cipher(CipherAlg::Aes128Cbc, &[9; 16])
