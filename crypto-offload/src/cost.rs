@@ -297,6 +297,9 @@ pub(crate) struct Model {
     pub(crate) entries: Box<[Entry]>,
     pub(crate) in_flight: AtomicUsize,
     pub(crate) resume_ns: AtomicF64,
+    /// Time requests would have saved on this engine, had it been powered,
+    /// since it was last woken for one (see `Inner::rent_or_buy`).
+    pub(crate) regret_ns: AtomicF64,
 }
 
 impl Default for Model {
@@ -305,6 +308,7 @@ impl Default for Model {
             entries: (0..KEYS).map(|_| Entry::default()).collect(),
             in_flight: AtomicUsize::new(0),
             resume_ns: AtomicF64::new(0.0),
+            regret_ns: AtomicF64::new(0.0),
         }
     }
 }

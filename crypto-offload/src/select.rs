@@ -287,6 +287,80 @@ impl Inner {
         self.choose_unit(alg, dir, len, len)
     }
 
+    /// The slot a request that is about to run goes to: as
+    /// [`Inner::choose_unit`], then [`Inner::rent_or_buy`] under the
+    /// Latency policy. Unlike `choose`, which `explain` and `break_even`
+    /// ask freely, this keeps account of what cold engines would have
+    /// saved: call it once per request.
+    #[inline]
+    pub(crate) fn decide(
+        &self,
+        alg: Algorithm,
+        dir: Direction,
+        len: usize,
+        unit: usize,
+    ) -> (usize, Option<Prediction>) {
+        let (slot, predicted) = self.choose_unit(alg, dir, len, unit);
+        match predicted {
+            Some(p) if self.pinned.is_none() && self.policy == Policy::Latency => {
+                let p = self.rent_or_buy(p, alg, dir, len, unit);
+                (p.slot, Some(p))
+            }
+            _ => (slot, predicted),
+        }
+    }
+
+    /// Ski rental for powered-down engines. A cold engine's prediction
+    /// carries its whole resume, which one request rarely repays and a
+    /// stream of them does: with only the per-request view the CPU wins
+    /// every request of the stream and the engine never wakes. So while a
+    /// request goes elsewhere although a cold engine, once powered, would
+    /// have been faster, the time it would have saved accumulates; when
+    /// that reaches the engine's resume time, this request pays the resume.
+    /// A stream then costs at most about twice what the best choice in
+    /// hindsight would have (the classic break-even bound), and a lone
+    /// request never wakes a device for nothing (`tests/sim.rs`,
+    /// `a_cold_engine_is_woken_once_a_stream_would_have_repaid_its_resume`).
+    fn rent_or_buy(
+        &self,
+        chosen: Prediction,
+        alg: Algorithm,
+        dir: Direction,
+        len: usize,
+        unit: usize,
+    ) -> Prediction {
+        let mut buy: Option<Prediction> = None;
+        for slot in 1..=self.backends.len() {
+            if slot == chosen.slot {
+                continue;
+            }
+            let Ok(p) = self.predict(slot, alg, dir, len, unit) else {
+                continue;
+            };
+            if !p.cold {
+                continue;
+            }
+            let model = &self.models[slot];
+            let resume = model.resume_ns.get();
+            let saving = chosen.latency - (p.latency - resume);
+            if saving <= 0.0 {
+                continue;
+            }
+            // Not an atomic read-modify-write: concurrent requests may lose
+            // a little of each other's regret, which only delays the wake.
+            let regret = model.regret_ns.get() + saving;
+            if regret >= resume {
+                model.regret_ns.set(0.0);
+                if buy.is_none_or(|b| p.latency - resume < b.latency) {
+                    buy = Some(p);
+                }
+            } else {
+                model.regret_ns.set(regret);
+            }
+        }
+        buy.unwrap_or(chosen)
+    }
+
     /// As [`Inner::choose`], for a request of `len`-byte data units (XTS):
     /// an engine that takes one unit per operation pays its fixed costs per
     /// unit.

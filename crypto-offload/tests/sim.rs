@@ -687,3 +687,73 @@ fn without_a_runtime_live_traffic_reopens_a_tripped_backend() {
         assert_eq!(b[1].stats.requests, 1);
     });
 }
+
+/// A powered-down engine ten times faster than the CPU at 64 KiB but with
+/// a 1 ms resume: one request alone does not repay the resume, so the first
+/// request of a stream runs on the CPU; once the requests would have saved
+/// as much as the resume costs, the next one wakes the engine and it takes
+/// the following ones (ski rental). A lone request leaves it asleep.
+#[tokio::test(start_paused = true)]
+async fn a_cold_engine_is_woken_once_a_stream_would_have_repaid_its_resume() {
+    let alg = Algorithm::Cipher(CipherAlg::Aes128Ctr);
+    let mut c = SimConfig::new("sim:cold", vec![alg], Duration::from_micros(1), 1e9);
+    c.timer = SimTimer::Tokio;
+    c.power = Some(SimPower {
+        resume: Duration::from_millis(1),
+        autosuspend: Duration::from_secs(1),
+        per_request: false,
+    });
+    let sim = Arc::new(SimEngine::new(c));
+    // CPU: 1 µs + 10 ns/B (656 µs at 64 KiB); engine: 1 µs + 1 ns/B
+    // (66 µs); the engine's resume 1 ms.
+    let profile = crypto_offload::Profile::from_toml(
+        r#"
+[[entry]]
+backend = "cpu"
+alg = "aes-128-ctr"
+dir = "encrypt"
+fixed_ns = 1000.0
+per_byte_ns = 10.0
+cpu_fixed_ns = 1000.0
+cpu_per_byte_ns = 10.0
+parallelism = 1
+
+[[entry]]
+backend = "sim:cold"
+alg = "aes-128-ctr"
+dir = "encrypt"
+fixed_ns = 1000.0
+per_byte_ns = 1.0
+cpu_fixed_ns = 100.0
+cpu_per_byte_ns = 0.0
+parallelism = 1
+resume_ns = 1000000.0
+"#,
+    )
+    .unwrap();
+    let offload = Offload::builder()
+        .backend(sim.clone())
+        .policy(Policy::Latency)
+        .profile(profile)
+        .build()
+        .unwrap();
+    let s = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    let engine = || offload.backends()[1].stats.requests;
+    // One request: the CPU, the engine stays down.
+    s.encrypt(&[0; 16], vec![0u8; 64 << 10]).await.unwrap();
+    assert_eq!((engine(), sim.power_stats().resumes), (0, 0));
+    // With the second request the regret (2 x 590 µs) passes the 1 ms
+    // resume: it wakes the engine, which takes the following ones. (A
+    // short stream: on the paused clock the CPU's own work takes no time,
+    // and a long one would teach the model that the CPU is free.)
+    let mut seen = Vec::new();
+    for i in 1..5u8 {
+        s.encrypt(&[i; 16], vec![i; 64 << 10]).await.unwrap();
+        seen.push(engine());
+    }
+    assert_eq!(seen, [1, 2, 3, 4], "requests 2..5 on the engine");
+    assert_eq!(sim.power_stats().resumes, 1);
+}

@@ -435,7 +435,7 @@ impl<B: Buffer> Future for SealDetached<'_, B> {
             Ok(n) => n,
             Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
         };
-        let (slot, predicted) = inner.choose(alg, Direction::Encrypt, len);
+        let (slot, predicted) = inner.decide(alg, Direction::Encrypt, len, len);
         let plan = if slot == 0 {
             cpu_plan(inner, alg, Direction::Encrypt, len)
         } else {
@@ -675,7 +675,7 @@ impl<B: Buffer> Future for Open<'_, B> {
         };
         let mut buf = buf;
         let len = buf.bytes_mut().len();
-        let (slot, predicted) = inner.choose(alg, Direction::Decrypt, len);
+        let (slot, predicted) = inner.decide(alg, Direction::Decrypt, len, len);
         let plan = if slot == 0 {
             cpu_plan(inner, alg, Direction::Decrypt, len)
         } else {

@@ -380,7 +380,7 @@ impl<B: Buffer> Future for CipherRequest<'_, B> {
         };
         // XTS over several data units: params.data_unit (the whole request
         // otherwise).
-        let (slot, predicted) = inner.choose_unit(alg, dir, len, params.data_unit);
+        let (slot, predicted) = inner.decide(alg, dir, len, params.data_unit);
         let plan = if slot == 0 {
             cpu_plan(inner, alg, dir, len)
         } else {

@@ -208,7 +208,7 @@ impl<B: Buffer> Future for CrcUpdate<'_, B> {
             this.state = UpdateState::Start { session, buf };
             return Poll::Pending;
         }
-        let (slot, predicted) = inner.choose(alg.into(), Direction::Encrypt, len);
+        let (slot, predicted) = inner.decide(alg.into(), Direction::Encrypt, len, len);
         let plan = if slot == 0 {
             cpu_plan(inner, alg.into(), Direction::Encrypt, len)
         } else {
