@@ -789,45 +789,48 @@ impl Inner {
         buf: DmaBuf,
         chain: &[Segment],
     ) -> Result<(DmaBuf, u32), Error> {
-        let mut rx = self.enqueue_all(q, vec![(buf, Chain::new(chain)?)]).await?;
-        rx.pop()
-            .ok_or_else(|| Error::Device("request not queued".into()))?
+        self.enqueue_one(q, buf, Chain::new(chain)?)
+            .await?
             .await
             .map_err(|_| Error::Gone)
     }
 
+    /// Submits one chain (whose memory is all in `buf`), waiting for room in
+    /// the queue (back-pressure); the receiver gets `buf` back when the
+    /// device completes it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the request is either queued (its buffer held by the
+    /// queue until completion) or dropped unsent.
+    pub(crate) async fn enqueue_one(
+        &self,
+        q: &Queue,
+        buf: DmaBuf,
+        chain: Chain,
+    ) -> Result<oneshot::Receiver<(DmaBuf, u32)>, Error> {
+        let (tx, rx) = oneshot::channel();
+        let mut tx = Some(tx);
+        self.enqueue_with(q, [(buf, chain)], |_| match tx.take() {
+            Some(tx) => Completion::One(tx),
+            // One request: asked for one completion.
+            None => Completion::One(oneshot::channel().0),
+        })
+        .await?;
+        Ok(rx)
+    }
+
     /// Submits each chain (whose memory is all in its buffer), as many as
     /// the queue takes under one lock and with one notification, waiting
-    /// for room for the rest (back-pressure); a receiver per request gets
-    /// its buffer back when the device completes it.
+    /// for room for the rest (back-pressure); request `i` completes to
+    /// `completion(i)`.
     ///
     /// # Cancel safety
     /// Cancel safe: a request is either queued (its buffer held by the
     /// queue until completion) or dropped unsent.
-    pub(crate) async fn enqueue_all(
-        &self,
-        q: &Queue,
-        requests: Vec<(DmaBuf, Chain)>,
-    ) -> Result<Vec<oneshot::Receiver<(DmaBuf, u32)>>, Error> {
-        let mut out = Vec::with_capacity(requests.len());
-        self.enqueue_with(q, requests, |_| {
-            let (tx, rx) = oneshot::channel();
-            out.push(rx);
-            Completion::One(tx)
-        })
-        .await?;
-        Ok(out)
-    }
-
-    /// As [`Inner::enqueue_all`], request `i` completing to
-    /// `completion(i)`.
-    ///
-    /// # Cancel safety
-    /// As for [`Inner::enqueue_all`].
     pub(crate) async fn enqueue_with(
         &self,
         q: &Queue,
-        requests: Vec<(DmaBuf, Chain)>,
+        requests: impl IntoIterator<Item = (DmaBuf, Chain)>,
         mut completion: impl FnMut(usize) -> Completion,
     ) -> Result<(), Error> {
         let mut requests = requests.into_iter().enumerate().peekable();
@@ -912,21 +915,9 @@ impl Inner {
         // The device writes the status; start from "not written".
         buf.write(input_at + 8, &[0xff; 4])?;
         let chain = [
-            Segment {
-                iova: buf.iova(0),
-                len: HEADER_LEN as u32,
-                device_writes: false,
-            },
-            Segment {
-                iova: buf.iova(HEADER_LEN),
-                len: key.len() as u32,
-                device_writes: false,
-            },
-            Segment {
-                iova: buf.iova(input_at),
-                len: SESSION_INPUT_LEN as u32,
-                device_writes: true,
-            },
+            buf.segment(0, HEADER_LEN, false),
+            buf.segment(HEADER_LEN, key.len(), false),
+            buf.segment(input_at, SESSION_INPUT_LEN, true),
         ];
         let (buf, _) = self.submit(&self.ctrl, buf, &chain).await?;
         let mut input = [0u8; SESSION_INPUT_LEN];
@@ -944,16 +935,8 @@ impl Inner {
         buf.write(0, &protocol::destroy_session(algo, id))?;
         buf.write_u8(HEADER_LEN, 0xff)?;
         let chain = [
-            Segment {
-                iova: buf.iova(0),
-                len: HEADER_LEN as u32,
-                device_writes: false,
-            },
-            Segment {
-                iova: buf.iova(HEADER_LEN),
-                len: 1,
-                device_writes: true,
-            },
+            buf.segment(0, HEADER_LEN, false),
+            buf.segment(HEADER_LEN, 1, true),
         ];
         let (buf, _) = self.submit(&self.ctrl, buf, &chain).await?;
         match buf.read_u8(HEADER_LEN)? {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use crate::error::Error;
 use crate::mem::{HUGE_PAGE, Mapping};
 use crate::vfio::Container;
+use crate::virtqueue::Segment;
 
 /// The allocation unit: small requests (a header, an IV, a status byte and
 /// a few blocks of data) take one unit, not a page.
@@ -197,6 +198,16 @@ impl DmaBuf {
     /// Whether it is empty (never).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The descriptor segment for `len` bytes at `at`, which the device
+    /// reads, or writes if `device_writes`.
+    pub(crate) fn segment(&self, at: usize, len: usize, device_writes: bool) -> Segment {
+        Segment {
+            iova: self.iova(at),
+            len: len as u32,
+            device_writes,
+        }
     }
 
     /// Whether it comes from `pool`.

@@ -58,19 +58,14 @@ impl Layout {
 
     /// The descriptor chain: header, IV (if any), input, output, status.
     pub(crate) fn chain(&self, dma: &DmaBuf, iv_len: usize) -> Chain {
-        let seg = |at: usize, len: usize, device_writes| Segment {
-            iova: dma.iova(at),
-            len: len as u32,
-            device_writes,
-        };
         let mut chain = Chain::empty();
-        chain.add(seg(0, HEADER_LEN, false));
+        chain.add(dma.segment(0, HEADER_LEN, false));
         if iv_len > 0 {
-            chain.add(seg(IV_AT, iv_len, false));
+            chain.add(dma.segment(IV_AT, iv_len, false));
         }
-        chain.add(seg(DATA_AT, self.padded, false));
-        chain.add(seg(self.out_at, self.padded, true));
-        chain.add(seg(STATUS_AT, 1, true));
+        chain.add(dma.segment(DATA_AT, self.padded, false));
+        chain.add(dma.segment(self.out_at, self.padded, true));
+        chain.add(dma.segment(STATUS_AT, 1, true));
         chain
     }
 }

@@ -267,12 +267,7 @@ impl CipherSession {
             .alloc(Layout::new(self.algo, data.len()).bytes())
             .await?;
         let chain = self.write_request(&dma, encrypt, iv, data)?;
-        let mut rx = self
-            .dev
-            .enqueue_all(&self.dev.data, vec![(dma, chain)])
-            .await?;
-        rx.pop()
-            .ok_or_else(|| Error::Device("request not queued".into()))
+        self.dev.enqueue_one(&self.dev.data, dma, chain).await
     }
 
     /// Writes a whole request into `dma` (header, IV, input, status "not
