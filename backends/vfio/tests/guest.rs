@@ -103,161 +103,151 @@ fn valid_len(algo: CipherAlgo, len: usize) -> usize {
     }
 }
 
+/// Runs `test` on each of the first `limit` devices the guest bound (none
+/// on a host), one test at a time, each device opened afresh.
+fn on_devices(limit: usize, test: impl AsyncFn(&str, CryptoDevice)) {
+    let _turn = exclusive();
+    let rt = rt();
+    for address in guest_devices().into_iter().take(limit) {
+        rt.block_on(async {
+            let dev = CryptoDevice::open(&address).await.unwrap();
+            test(&address, dev).await;
+        });
+    }
+}
+
 /// The first thing to check on a new machine: one session and one request,
 /// each within 10 s, with the device's state printed if not.
 #[test]
 fn a_first_request_completes() {
-    let _turn = exclusive();
-    let rt = rt();
-    for address in guest_devices() {
-        rt.block_on(async {
-            let dev = CryptoDevice::open(&address).await.unwrap();
-            eprintln!("{address}: opened: {}", dev.diagnose());
-            let within = std::time::Duration::from_secs(10);
-            let s = match tokio::time::timeout(
-                within,
-                dev.cipher_session(CipherAlgo::AesCbc, &[1; 16]),
-            )
+    on_devices(usize::MAX, async |address, dev| {
+        eprintln!("{address}: opened: {}", dev.diagnose());
+        let within = std::time::Duration::from_secs(10);
+        let s = match tokio::time::timeout(within, dev.cipher_session(CipherAlgo::AesCbc, &[1; 16]))
             .await
-            {
-                Ok(s) => s.unwrap(),
-                Err(_) => panic!("{address}: no session within 10 s: {}", dev.diagnose()),
-            };
-            match tokio::time::timeout(within, s.encrypt(&[0; 16], vec![0; 16])).await {
-                Ok(r) => {
-                    let mut want = vec![0u8; 16];
-                    reference(CipherAlgo::AesCbc, true, &[1; 16], &[0; 16], &mut want);
-                    assert_eq!(r.unwrap(), want);
-                }
-                Err(_) => panic!("{address}: no completion within 10 s: {}", dev.diagnose()),
+        {
+            Ok(s) => s.unwrap(),
+            Err(_) => panic!("{address}: no session within 10 s: {}", dev.diagnose()),
+        };
+        match tokio::time::timeout(within, s.encrypt(&[0; 16], vec![0; 16])).await {
+            Ok(r) => {
+                let mut want = vec![0u8; 16];
+                reference(CipherAlgo::AesCbc, true, &[1; 16], &[0; 16], &mut want);
+                assert_eq!(r.unwrap(), want);
             }
-            // CTR with a partial last block: the device refuses it (status
-            // ERR); the driver pads to whole blocks.
-            let c = dev
-                .cipher_session(CipherAlgo::AesCtr, &[2; 16])
-                .await
-                .unwrap();
-            let mut want = vec![3u8; 20];
-            reference(CipherAlgo::AesCtr, true, &[2; 16], &[0; 16], &mut want);
-            assert_eq!(c.encrypt(&[0; 16], vec![3; 20]).await.unwrap(), want);
-        });
-    }
+            Err(_) => panic!("{address}: no completion within 10 s: {}", dev.diagnose()),
+        }
+        // CTR with a partial last block: the device refuses it (status
+        // ERR); the driver pads to whole blocks.
+        let c = dev
+            .cipher_session(CipherAlgo::AesCtr, &[2; 16])
+            .await
+            .unwrap();
+        let mut want = vec![3u8; 20];
+        reference(CipherAlgo::AesCtr, true, &[2; 16], &[0; 16], &mut want);
+        assert_eq!(c.encrypt(&[0; 16], vec![3; 20]).await.unwrap(), want);
+    });
 }
 
 #[test]
 fn every_mode_and_key_size_matches_the_fallback_on_every_device() {
-    let _turn = exclusive();
-    let rt = rt();
-    for address in guest_devices() {
-        rt.block_on(async {
-            let dev = CryptoDevice::open(&address).await.unwrap();
-            eprintln!("{address}: {:?}", dev.config());
-            for algo in CipherAlgo::ALL {
-                for &key_len in algo.key_lens() {
-                    let k = key(key_len, key_len as u8);
-                    let s = match dev.cipher_session(algo, &k).await {
-                        Ok(s) => s,
-                        Err(e) => panic!("{address} {algo:?} {key_len}-byte key: {e}"),
-                    };
-                    let iv: Vec<u8> = (0..algo.iv_len() as u8).collect();
-                    for len in [16usize, 32, 48, 512, 4096, 65536] {
-                        let plain: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
-                        let mut want = plain.clone();
-                        reference(algo, true, &k, &iv, &mut want);
-                        let got = s.encrypt(&iv, plain.clone()).await.unwrap();
-                        assert!(got == want, "{address} {algo:?} {key_len} encrypt {len}");
-                        let back = s.decrypt(&iv, got).await.unwrap();
-                        assert!(back == plain, "{address} {algo:?} {key_len} decrypt {len}");
-                    }
+    on_devices(usize::MAX, async |address, dev| {
+        eprintln!("{address}: {:?}", dev.config());
+        for algo in CipherAlgo::ALL {
+            for &key_len in algo.key_lens() {
+                let k = key(key_len, key_len as u8);
+                let s = match dev.cipher_session(algo, &k).await {
+                    Ok(s) => s,
+                    Err(e) => panic!("{address} {algo:?} {key_len}-byte key: {e}"),
+                };
+                let iv: Vec<u8> = (0..algo.iv_len() as u8).collect();
+                for len in [16usize, 32, 48, 512, 4096, 65536] {
+                    let plain: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+                    let mut want = plain.clone();
+                    reference(algo, true, &k, &iv, &mut want);
+                    let got = s.encrypt(&iv, plain.clone()).await.unwrap();
+                    assert!(got == want, "{address} {algo:?} {key_len} encrypt {len}");
+                    let back = s.decrypt(&iv, got).await.unwrap();
+                    assert!(back == plain, "{address} {algo:?} {key_len} decrypt {len}");
                 }
             }
-        });
-    }
+        }
+    });
 }
 
 #[test]
 fn long_requests_chain_and_xts_units_take_consecutive_tweaks() {
-    let _turn = exclusive();
-    let rt = rt();
-    for address in guest_devices().into_iter().take(1) {
-        rt.block_on(async {
-            let dev = CryptoDevice::open(&address).await.unwrap();
-            let idle = dev.dma_units_in_use();
-            // Past MAX_REQUEST: pieces with the IV chained.
-            for algo in [CipherAlgo::AesCbc, CipherAlgo::AesCtr, CipherAlgo::AesEcb] {
-                let k = key(16, 5);
-                let s = dev.cipher_session(algo, &k).await.unwrap();
-                let iv = vec![0xfe; algo.iv_len()];
-                let len = 3 * crypto_offload_vfio::MAX_REQUEST + 48;
-                let plain: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-                let mut want = plain.clone();
-                reference(algo, true, &k, &iv, &mut want);
-                let got = s.encrypt(&iv, plain.clone()).await.unwrap();
-                assert!(got == want, "{algo:?} {len} bytes chained");
-                assert!(s.decrypt(&iv, got).await.unwrap() == plain);
+    on_devices(1, async |_address, dev| {
+        let idle = dev.dma_units_in_use();
+        // Past MAX_REQUEST: pieces with the IV chained.
+        for algo in [CipherAlgo::AesCbc, CipherAlgo::AesCtr, CipherAlgo::AesEcb] {
+            let k = key(16, 5);
+            let s = dev.cipher_session(algo, &k).await.unwrap();
+            let iv = vec![0xfe; algo.iv_len()];
+            let len = 3 * crypto_offload_vfio::MAX_REQUEST + 48;
+            let plain: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut want = plain.clone();
+            reference(algo, true, &k, &iv, &mut want);
+            let got = s.encrypt(&iv, plain.clone()).await.unwrap();
+            assert!(got == want, "{algo:?} {len} bytes chained");
+            assert!(s.decrypt(&iv, got).await.unwrap() == plain);
+        }
+        // XTS: 16 sectors of 512 bytes, tweaks carrying across a byte.
+        let k = key(64, 6);
+        let x = dev.cipher_session(CipherAlgo::AesXts, &k).await.unwrap();
+        let mut first = [0u8; 16];
+        first[0] = 0xf8;
+        let plain: Vec<u8> = (0..16 * 512).map(|i| (i * 3) as u8).collect();
+        let got = x
+            .crypt_units(true, &first, 512, plain.clone())
+            .await
+            .unwrap();
+        let t0 = u128::from_le_bytes(first);
+        for (i, (unit, out)) in plain.chunks(512).zip(got.chunks(512)).enumerate() {
+            let mut want = unit.to_vec();
+            let tweak = t0.wrapping_add(i as u128).to_le_bytes();
+            reference(CipherAlgo::AesXts, true, &k, &tweak, &mut want);
+            assert!(out == want.as_slice(), "unit {i}");
+        }
+        let back = x.crypt_units(false, &first, 512, got).await.unwrap();
+        assert!(back == plain);
+        let f = x.crypt_units(true, &first, 500, plain).await.unwrap_err();
+        assert!(matches!(
+            f.error,
+            Error::Invalid {
+                what: "data unit",
+                ..
             }
-            // XTS: 16 sectors of 512 bytes, tweaks carrying across a byte.
-            let k = key(64, 6);
-            let x = dev.cipher_session(CipherAlgo::AesXts, &k).await.unwrap();
-            let mut first = [0u8; 16];
-            first[0] = 0xf8;
-            let plain: Vec<u8> = (0..16 * 512).map(|i| (i * 3) as u8).collect();
-            let got = x
-                .crypt_units(true, &first, 512, plain.clone())
-                .await
-                .unwrap();
-            let t0 = u128::from_le_bytes(first);
-            for (i, (unit, out)) in plain.chunks(512).zip(got.chunks(512)).enumerate() {
-                let mut want = unit.to_vec();
-                let tweak = t0.wrapping_add(i as u128).to_le_bytes();
-                reference(CipherAlgo::AesXts, true, &k, &tweak, &mut want);
-                assert!(out == want.as_slice(), "unit {i}");
-            }
-            let back = x.crypt_units(false, &first, 512, got).await.unwrap();
-            assert!(back == plain);
-            let f = x.crypt_units(true, &first, 500, plain).await.unwrap_err();
-            assert!(matches!(
-                f.error,
-                Error::Invalid {
-                    what: "data unit",
-                    ..
-                }
-            ));
-            assert_eq!(dev.dma_units_in_use(), idle);
-        });
-    }
+        ));
+        assert_eq!(dev.dma_units_in_use(), idle);
+    });
 }
 
 #[test]
 fn sixty_four_requests_in_flight_on_one_session() {
-    let _turn = exclusive();
-    let rt = rt();
-    for address in guest_devices() {
-        rt.block_on(async {
-            let dev = CryptoDevice::open(&address).await.unwrap();
-            let idle = dev.dma_units_in_use();
-            let k = key(16, 1);
-            let s = std::sync::Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &k).await.unwrap());
-            let tasks: Vec<_> = (0..64u8)
-                .map(|i| {
-                    let s = s.clone();
-                    tokio::spawn(async move {
-                        let plain = vec![i; 1024 + 16 * usize::from(i)];
-                        let iv = [i; 16];
-                        (plain.clone(), iv, s.encrypt(&iv, plain).await)
-                    })
+    on_devices(usize::MAX, async |_address, dev| {
+        let idle = dev.dma_units_in_use();
+        let k = key(16, 1);
+        let s = std::sync::Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &k).await.unwrap());
+        let tasks: Vec<_> = (0..64u8)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let plain = vec![i; 1024 + 16 * usize::from(i)];
+                    let iv = [i; 16];
+                    (plain.clone(), iv, s.encrypt(&iv, plain).await)
                 })
-                .collect();
-            for t in tasks {
-                let (plain, iv, got) = t.await.unwrap();
-                let mut want = plain;
-                reference(CipherAlgo::AesCbc, true, &k, &iv, &mut want);
-                assert!(got.unwrap() == want);
-            }
-            assert_eq!(dev.in_flight(), 0);
-            assert_eq!(dev.dma_units_in_use(), idle, "DMA memory leaked");
-        });
-    }
+            })
+            .collect();
+        for t in tasks {
+            let (plain, iv, got) = t.await.unwrap();
+            let mut want = plain;
+            reference(CipherAlgo::AesCbc, true, &k, &iv, &mut want);
+            assert!(got.unwrap() == want);
+        }
+        assert_eq!(dev.in_flight(), 0);
+        assert_eq!(dev.dma_units_in_use(), idle, "DMA memory leaked");
+    });
 }
 
 /// Polls `f` once (submitting its request) and drops it.
@@ -268,125 +258,110 @@ fn poll_once_and_drop<F: Future>(f: F) {
 
 #[test]
 fn dropped_requests_free_their_memory_only_after_the_device_completes() {
-    let _turn = exclusive();
-    let rt = rt();
-    for address in guest_devices() {
-        rt.block_on(async {
-            let dev = CryptoDevice::open(&address).await.unwrap();
-            let idle = dev.dma_units_in_use();
-            let s = dev
-                .cipher_session(CipherAlgo::AesCtr, &key(32, 3))
-                .await
-                .unwrap();
-            for _ in 0..200 {
-                poll_once_and_drop(s.encrypt(&[9; 16], vec![5; 8192]));
-            }
-            // The device still completes them; then all is returned.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            while dev.in_flight() > 0 && std::time::Instant::now() < deadline {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            assert_eq!(dev.in_flight(), 0, "completions never came");
-            assert_eq!(dev.dma_units_in_use(), idle, "DMA memory leaked");
-            // And the session still works.
-            let mut want = vec![1u8; 100];
-            reference(CipherAlgo::AesCtr, true, &key(32, 3), &[2; 16], &mut want);
-            assert_eq!(s.encrypt(&[2; 16], vec![1; 100]).await.unwrap(), want);
-        });
-    }
+    on_devices(usize::MAX, async |_address, dev| {
+        let idle = dev.dma_units_in_use();
+        let s = dev
+            .cipher_session(CipherAlgo::AesCtr, &key(32, 3))
+            .await
+            .unwrap();
+        for _ in 0..200 {
+            poll_once_and_drop(s.encrypt(&[9; 16], vec![5; 8192]));
+        }
+        // The device still completes them; then all is returned.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while dev.in_flight() > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(dev.in_flight(), 0, "completions never came");
+        assert_eq!(dev.dma_units_in_use(), idle, "DMA memory leaked");
+        // And the session still works.
+        let mut want = vec![1u8; 100];
+        reference(CipherAlgo::AesCtr, true, &key(32, 3), &[2; 16], &mut want);
+        assert_eq!(s.encrypt(&[2; 16], vec![1; 100]).await.unwrap(), want);
+    });
 }
 
 #[test]
 fn bad_input_is_a_typed_error_with_the_buffer_back() {
-    let _turn = exclusive();
-    let rt = rt();
-    for address in guest_devices().into_iter().take(1) {
-        rt.block_on(async {
-            let dev = CryptoDevice::open(&address).await.unwrap();
-            for len in [0usize, 15, 17, 33, 65] {
-                let e = dev
-                    .cipher_session(CipherAlgo::AesCbc, &vec![0; len])
-                    .await
-                    .unwrap_err();
-                assert!(
-                    matches!(
-                        e,
-                        Error::Invalid {
-                            what: "key length",
-                            ..
-                        }
-                    ),
-                    "{len}: {e}"
-                );
+    on_devices(1, async |_address, dev| {
+        for len in [0usize, 15, 17, 33, 65] {
+            let e = dev
+                .cipher_session(CipherAlgo::AesCbc, &vec![0; len])
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Invalid {
+                        what: "key length",
+                        ..
+                    }
+                ),
+                "{len}: {e}"
+            );
+        }
+        let s = dev
+            .cipher_session(CipherAlgo::AesCbc, &[1; 16])
+            .await
+            .unwrap();
+        let f = s.encrypt(&[0; 12], vec![3; 32]).await.unwrap_err();
+        assert!(matches!(
+            f.error,
+            Error::Invalid {
+                what: "IV length",
+                ..
             }
-            let s = dev
-                .cipher_session(CipherAlgo::AesCbc, &[1; 16])
-                .await
-                .unwrap();
-            let f = s.encrypt(&[0; 12], vec![3; 32]).await.unwrap_err();
-            assert!(matches!(
-                f.error,
-                Error::Invalid {
-                    what: "IV length",
-                    ..
-                }
-            ));
-            assert_eq!(f.buf, vec![3; 32]);
-            let f = s.encrypt(&[0; 16], vec![3; 33]).await.unwrap_err();
-            assert!(matches!(f.error, Error::Invalid { what: "length", .. }));
-            assert_eq!(f.buf, vec![3; 33]);
-            let x = dev
-                .cipher_session(CipherAlgo::AesXts, &key(32, 9))
-                .await
-                .unwrap();
-            let f = x.encrypt(&[0; 16], vec![3; 15]).await.unwrap_err();
-            assert!(matches!(f.error, Error::Invalid { .. }));
-            assert!(s.encrypt(&[0; 16], Vec::new()).await.unwrap().is_empty());
-        });
-    }
+        ));
+        assert_eq!(f.buf, vec![3; 32]);
+        let f = s.encrypt(&[0; 16], vec![3; 33]).await.unwrap_err();
+        assert!(matches!(f.error, Error::Invalid { what: "length", .. }));
+        assert_eq!(f.buf, vec![3; 33]);
+        let x = dev
+            .cipher_session(CipherAlgo::AesXts, &key(32, 9))
+            .await
+            .unwrap();
+        let f = x.encrypt(&[0; 16], vec![3; 15]).await.unwrap_err();
+        assert!(matches!(f.error, Error::Invalid { .. }));
+        assert!(s.encrypt(&[0; 16], Vec::new()).await.unwrap().is_empty());
+    });
 }
 
 #[test]
 fn a_reset_fails_requests_in_flight_with_their_buffers_back() {
-    let _turn = exclusive();
-    let rt = rt();
-    for address in guest_devices().into_iter().take(1) {
-        rt.block_on(async {
-            let dev = CryptoDevice::open(&address).await.unwrap();
-            let s = std::sync::Arc::new(
-                dev.cipher_session(CipherAlgo::AesCbc, &[4; 16])
-                    .await
-                    .unwrap(),
-            );
-            let tasks: Vec<_> = (0..32)
-                .map(|_| {
-                    let s = s.clone();
-                    tokio::spawn(async move { s.encrypt(&[0; 16], vec![6; 65536]).await })
-                })
-                .collect();
-            tokio::task::yield_now().await;
-            dev.reset().unwrap();
-            let mut want = vec![6u8; 65536];
-            reference(CipherAlgo::AesCbc, true, &[4; 16], &[0; 16], &mut want);
-            let (mut done, mut failed) = (0, 0);
-            for t in tasks {
-                match t.await.unwrap() {
-                    Ok(out) => {
-                        assert!(out == want, "a completed request is correct");
-                        done += 1;
-                    }
-                    Err(f) => {
-                        assert!(matches!(f.error, Error::Gone), "{}", f.error);
-                        assert!(f.buf == vec![6; 65536], "the buffer comes back unchanged");
-                        failed += 1;
-                    }
+    on_devices(1, async |_address, dev| {
+        let s = std::sync::Arc::new(
+            dev.cipher_session(CipherAlgo::AesCbc, &[4; 16])
+                .await
+                .unwrap(),
+        );
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
+                let s = s.clone();
+                tokio::spawn(async move { s.encrypt(&[0; 16], vec![6; 65536]).await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        dev.reset().unwrap();
+        let mut want = vec![6u8; 65536];
+        reference(CipherAlgo::AesCbc, true, &[4; 16], &[0; 16], &mut want);
+        let (mut done, mut failed) = (0, 0);
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(out) => {
+                    assert!(out == want, "a completed request is correct");
+                    done += 1;
+                }
+                Err(f) => {
+                    assert!(matches!(f.error, Error::Gone), "{}", f.error);
+                    assert!(f.buf == vec![6; 65536], "the buffer comes back unchanged");
+                    failed += 1;
                 }
             }
-            eprintln!("reset with 32 in flight: {done} completed, {failed} failed");
-            assert!(dev.is_gone());
-            assert_eq!(dev.in_flight(), 0);
-        });
-    }
+        }
+        eprintln!("reset with 32 in flight: {done} completed, {failed} failed");
+        assert!(dev.is_gone());
+        assert_eq!(dev.in_flight(), 0);
+    });
 }
 
 /// `power/runtime_status` and `power_state` of the device in sysfs.
@@ -415,61 +390,56 @@ async fn settles(address: &str, want: (&str, &str)) -> (String, String) {
 
 #[test]
 fn suspend_and_resume_cycle_the_pci_power_state() {
-    let _turn = exclusive();
-    let rt = rt();
-    for address in guest_devices().into_iter().take(1) {
-        rt.block_on(async {
-            let dev = CryptoDevice::open(&address).await.unwrap();
-            assert_eq!(pci_power(&address), ("active".into(), "D0".into()));
+    on_devices(1, async |address, dev| {
+        assert_eq!(pci_power(address), ("active".into(), "D0".into()));
+        let s = dev
+            .cipher_session(CipherAlgo::AesCbc, &[8; 16])
+            .await
+            .unwrap();
+        let e = dev.suspend().await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Invalid {
+                    what: "suspend",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        s.close().await.unwrap();
+        dev.suspend().await.unwrap();
+        assert_eq!(
+            settles(address, ("suspended", "D3hot")).await,
+            ("suspended".into(), "D3hot".into())
+        );
+        let e = dev
+            .cipher_session(CipherAlgo::AesCbc, &[8; 16])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Device(_)),
+            "a suspended device takes nothing: {e}"
+        );
+        dev.resume().unwrap();
+        assert_eq!(
+            settles(address, ("active", "D0")).await,
+            ("active".into(), "D0".into())
+        );
+        // Set up again from scratch: sessions and requests work.
+        for round in 0..2 {
             let s = dev
                 .cipher_session(CipherAlgo::AesCbc, &[8; 16])
                 .await
                 .unwrap();
-            let e = dev.suspend().await.unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    Error::Invalid {
-                        what: "suspend",
-                        ..
-                    }
-                ),
-                "{e}"
-            );
+            let mut want = vec![round; 4096];
+            reference(CipherAlgo::AesCbc, true, &[8; 16], &[1; 16], &mut want);
+            assert_eq!(s.encrypt(&[1; 16], vec![round; 4096]).await.unwrap(), want);
             s.close().await.unwrap();
             dev.suspend().await.unwrap();
-            assert_eq!(
-                settles(&address, ("suspended", "D3hot")).await,
-                ("suspended".into(), "D3hot".into())
-            );
-            let e = dev
-                .cipher_session(CipherAlgo::AesCbc, &[8; 16])
-                .await
-                .unwrap_err();
-            assert!(
-                matches!(e, Error::Device(_)),
-                "a suspended device takes nothing: {e}"
-            );
             dev.resume().unwrap();
-            assert_eq!(
-                settles(&address, ("active", "D0")).await,
-                ("active".into(), "D0".into())
-            );
-            // Set up again from scratch: sessions and requests work.
-            for round in 0..2 {
-                let s = dev
-                    .cipher_session(CipherAlgo::AesCbc, &[8; 16])
-                    .await
-                    .unwrap();
-                let mut want = vec![round; 4096];
-                reference(CipherAlgo::AesCbc, true, &[8; 16], &[1; 16], &mut want);
-                assert_eq!(s.encrypt(&[1; 16], vec![round; 4096]).await.unwrap(), want);
-                s.close().await.unwrap();
-                dev.suspend().await.unwrap();
-                dev.resume().unwrap();
-            }
-        });
-    }
+        }
+    });
 }
 
 proptest! {
