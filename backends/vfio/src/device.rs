@@ -163,23 +163,10 @@ impl CryptoDevice {
                 interrupts: std::sync::atomic::AtomicU64::new(0),
                 poll_for: std::sync::atomic::AtomicU64::new(POLL_FOR.as_nanos() as u64),
             });
-            // SAFETY: the `EventFd` owns its descriptor, so it stays open for
-            // as long as the `AsyncFd` that now owns the `EventFd` lives.
-            let fd = unsafe { AsyncFd::register_with_interest(irq, Interest::READABLE) }.map_err(
-                |e| Error::Io {
-                    op: "AsyncFd::register",
-                    source: std::io::Error::other(e.to_string()),
-                },
-            )?;
+            let fd = readable(irq)?;
             let task = tokio::spawn(reap(Arc::downgrade(&inner), fd));
             *inner.reaper.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
-            // SAFETY: as above, for the request eventfd.
-            let req = unsafe { AsyncFd::register_with_interest(req, Interest::READABLE) }.map_err(
-                |e| Error::Io {
-                    op: "AsyncFd::register",
-                    source: std::io::Error::other(e.to_string()),
-                },
-            )?;
+            let req = readable(req)?;
             let watcher = tokio::spawn(watch_removal(Arc::downgrade(&inner), req));
             *inner.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(watcher);
             tracing::debug!(?config, "virtio-crypto device up");
@@ -489,6 +476,16 @@ fn queue(transport: &Transport, pool: &Arc<DmaPool>, index: u16) -> Result<Queue
         }),
         room: Notify::new(),
         room_waiters: std::sync::atomic::AtomicUsize::new(0),
+    })
+}
+
+/// `fd` registered with the runtime, to be awaited when readable.
+fn readable(fd: EventFd) -> Result<AsyncFd<EventFd>, Error> {
+    // SAFETY: the `EventFd` owns its descriptor, so it stays open for as
+    // long as the `AsyncFd` that now owns the `EventFd` lives.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| Error::Io {
+        op: "AsyncFd::register",
+        source: std::io::Error::other(e.to_string()),
     })
 }
 
