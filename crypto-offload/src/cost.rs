@@ -300,6 +300,12 @@ pub(crate) struct Model {
     /// Time requests would have saved on this engine, had it been powered,
     /// since it was last woken for one (see `Inner::rent_or_buy`).
     pub(crate) regret_ns: AtomicF64,
+    /// The CPU's only: what a job sent to tokio's blocking pool takes beyond
+    /// its inline service time (the hand-off to a pool thread, the wake-up
+    /// back; learned from such jobs, see [`Model::observe_handoff`]).
+    pub(crate) handoff_ns: AtomicF64,
+    /// Blocking-pool jobs observed (the first sets `handoff_ns` outright).
+    handoffs: AtomicU64,
 }
 
 impl Default for Model {
@@ -309,6 +315,8 @@ impl Default for Model {
             in_flight: AtomicUsize::new(0),
             resume_ns: AtomicF64::new(0.0),
             regret_ns: AtomicF64::new(0.0),
+            handoff_ns: AtomicF64::new(0.0),
+            handoffs: AtomicU64::new(0),
         }
     }
 }
@@ -317,7 +325,29 @@ impl Model {
     pub(crate) fn entry(&self, alg: Algorithm, dir: Direction) -> &Entry {
         &self.entries[key(alg, dir)]
     }
+
+    /// Folds in one blocking-pool job that took `observed_ns` where the
+    /// corrected inline model expected `inline_ns`: the difference is the
+    /// hand-off. It is additive — a thread wake-up and a task wake-up, the
+    /// same for 64 KiB as for 16 MiB — and so is kept apart from the
+    /// entries' multiplicative corrections, which would otherwise carry it
+    /// into every inline prediction (a 4 KiB request does not pay it).
+    pub(crate) fn observe_handoff(&self, inline_ns: f64, observed_ns: f64) {
+        let sample = (observed_ns - inline_ns).max(0.0);
+        let h = if self.handoffs.fetch_add(1, Ordering::Relaxed) == 0 {
+            sample
+        } else {
+            let h = self.handoff_ns.get();
+            h + HANDOFF_WEIGHT * (sample - h)
+        };
+        self.handoff_ns.set(h);
+    }
 }
+
+/// How fast the learned hand-off follows blocking-pool jobs. Heavier than
+/// [`EWMA_WEIGHT`]: such jobs are few (each is ≥ 500 µs of work), so each
+/// sample counts for more.
+const HANDOFF_WEIGHT: f64 = 0.25;
 
 /// A saved cost model: what `offload calibrate --out` writes and
 /// [`OffloadBuilder::profile`](crate::OffloadBuilder::profile) loads (TOML).
@@ -378,6 +408,20 @@ pub(crate) fn ns(d: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_job_sets_the_handoff_and_later_ones_move_it() {
+        let m = Model::default();
+        assert_eq!(m.handoff_ns.get(), 0.0);
+        m.observe_handoff(900e3, 1_300e3);
+        assert_eq!(m.handoff_ns.get(), 400e3);
+        m.observe_handoff(900e3, 900e3);
+        assert_eq!(m.handoff_ns.get(), 300e3);
+        // Faster than inline (a noisy sample) counts as no hand-off, never a
+        // negative one.
+        m.observe_handoff(900e3, 100e3);
+        assert_eq!(m.handoff_ns.get(), 225e3);
+    }
 
     #[test]
     fn a_split_request_pays_the_fixed_cost_per_operation() {

@@ -129,6 +129,22 @@ impl CpuCipher {
 }
 
 impl CpuCipher {
+    /// The piece size [`run_split`](Self::run_split) cuts at, or `None` when
+    /// a request of `len` bytes runs whole whatever the parts asked.
+    pub(crate) fn split_step(
+        &self,
+        encrypt: bool,
+        params: &CipherParams,
+        len: usize,
+    ) -> Option<usize> {
+        let (step, split) = match self {
+            CpuCipher::Ctr(_) => (16, true),
+            CpuCipher::Xts(_) => (params.data_unit, params.data_unit < len),
+            CpuCipher::Cbc(_) => (16, !encrypt),
+        };
+        (split && step > 0).then_some(step)
+    }
+
     /// [`run`](Self::run), split into `parts` pieces on as many threads
     /// where the mode allows it: CTR at block boundaries (each piece's
     /// counter advanced), XTS at data-unit boundaries (each piece's tweak
@@ -144,14 +160,10 @@ impl CpuCipher {
         parts: usize,
     ) -> Result<(), fb::Error> {
         let len = data.len();
-        let (step, split) = match self {
-            CpuCipher::Ctr(_) => (16, true),
-            CpuCipher::Xts(_) => (params.data_unit, params.data_unit < len),
-            CpuCipher::Cbc(_) => (16, !encrypt),
+        let step = match self.split_step(encrypt, params, len) {
+            Some(step) if parts > 1 => step,
+            _ => return self.run(encrypt, params, data),
         };
-        if parts <= 1 || !split || step == 0 {
-            return self.run(encrypt, params, data);
-        }
         let steps = len / step;
         let per = steps.div_ceil(parts) * step;
         let mut pieces: Vec<(CipherParams, &mut [u8])> = Vec::with_capacity(parts);

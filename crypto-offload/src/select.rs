@@ -4,7 +4,8 @@
 //! algorithm and is neither uncalibrated nor behind an open circuit breaker,
 //! the completion time (service time from the cost model, times its online
 //! correction, plus waiting behind the requests in flight, plus a resume if
-//! the device is suspended) and the CPU time it takes from this machine.
+//! the device is suspended, plus — for a CPU job long enough to leave for
+//! tokio's blocking pool — the hand-off learned from such jobs) and the CPU time it takes from this machine.
 //! The [`Policy`] turns those into a choice. [`Offload::explain`] returns the
 //! whole reckoning.
 //!
@@ -186,7 +187,13 @@ impl Inner {
             1
         };
         let base = cost.latency_ns_ops(len, units);
-        let service = base * entry.correction();
+        // A long CPU job runs on the blocking pool and pays its hand-off.
+        let handoff = if slot == 0 && crate::session::blocks(len, base) {
+            model.handoff_ns.get()
+        } else {
+            0.0
+        };
+        let service = base * entry.correction() + handoff;
         let queued = model.in_flight.load(Ordering::Relaxed) as f64;
         let waiting = if slot == 0 && self.policy != Policy::Throughput {
             // Inline on the calling task: the CPU path does not queue.
@@ -235,14 +242,17 @@ impl Inner {
                     })
                     .fold(f64::INFINITY, f64::min);
                 let room = engines / cpu.correction() - c.fixed_ns;
-                if room <= 0.0 {
+                let bound = if room <= 0.0 {
                     0
                 } else if c.per_byte_ns <= 0.0 {
                     u64::MAX
                 } else {
                     // Saturating: an infinite room (no engine) is u64::MAX.
                     (room / c.per_byte_ns) as u64
-                }
+                };
+                // Only inline requests: one that may go to the blocking pool
+                // is weighed with its hand-off.
+                bound.min(crate::session::BLOCKING_MIN_LEN as u64)
             }
         };
         self.cpu_bound[k].store(bound, Ordering::Relaxed);

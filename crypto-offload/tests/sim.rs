@@ -757,3 +757,68 @@ resume_ns = 1000000.0
     assert_eq!(seen, [1, 2, 3, 4], "requests 2..5 on the engine");
     assert_eq!(sim.power_stats().resumes, 1);
 }
+
+#[test]
+fn the_blocking_pool_hand_off_is_learned_apart_from_inline_requests() {
+    // A 1 MiB CPU job leaves the calling task for tokio's blocking pool.
+    // Here the pool's only thread is busy for 50 ms, so the job waits that
+    // long for it: a hand-off the inline model knows nothing of. The CPU's
+    // prediction for such jobs must take it in (the engine then wins them),
+    // and its predictions for inline requests must not.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = SimConfig::new(
+            "sim",
+            vec![Algorithm::Cipher(CipherAlg::Aes256Xts)],
+            Duration::from_millis(20),
+            1e12,
+        );
+        c.compute_results = false;
+        let offload = Offload::builder()
+            .backend(Arc::new(SimEngine::new(c)))
+            .cores(1)
+            .profile(xts_profile((1e3, 1.0), (20e6, 0.0), 0.0))
+            .build()
+            .unwrap();
+        let cpu = |len: usize| {
+            let ex = offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len);
+            ex.candidates[0].latency.unwrap()
+        };
+        let len = 1 << 20; // 1.05 ms predicted on the CPU, 20 ms on the engine
+        let s = offload
+            .cipher(CipherAlg::Aes256Xts, &key(64))
+            .await
+            .unwrap();
+        assert_eq!(s.backend_for(Direction::Encrypt, len), "cpu");
+        let small = cpu(4096);
+
+        let hog = tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(50)));
+        let plain: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        let sealed = s.encrypt(&[0u8; 16], plain.clone()).await.unwrap();
+        hog.await.unwrap();
+        let opened = s.decrypt(&[0u8; 16], sealed).await.unwrap();
+        assert!(opened == plain, "the request ran wrong");
+
+        let large = cpu(len);
+        assert!(
+            large > Duration::from_millis(40),
+            "the hand-off was not learned: {large:?}"
+        );
+        assert_eq!(
+            s.backend_for(Direction::Encrypt, len),
+            "sim",
+            "{:?}",
+            offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
+        );
+        let after = cpu(4096);
+        assert!(
+            after.as_secs_f64() < small.as_secs_f64() * 1.1,
+            "the hand-off leaked into inline predictions: {small:?} -> {after:?}"
+        );
+    });
+}

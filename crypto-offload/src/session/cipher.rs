@@ -322,8 +322,13 @@ fn send_away<'a, B: Buffer>(
         Direction::Decrypt
     };
     let len = buf.bytes_mut().len();
+    // A job split over cores is not one core's service time; one that runs
+    // whole (CBC encryption, a single XTS unit) is, however many parts the
+    // plan offered.
+    let split =
+        plan.is_some_and(|p| p > 1) && session.cpu.split_step(encrypt, &params, len).is_some();
     let dispatch = Dispatch::new(inner, slot, session.alg.into(), dir, len, predicted)
-        .unobserved_if(plan.is_some_and(|p| p > 1) || session.engines.opens_first(slot));
+        .unobserved_if(split || session.engines.opens_first(slot));
     let on = if slot == 0 {
         let cpu = session.cpu.clone();
         let parts = plan.unwrap_or(1);

@@ -202,8 +202,16 @@ impl<'a> Dispatch<'a> {
                 Started::Wall(t) => t.elapsed(),
             };
             let observed = elapsed.as_nanos() as f64;
-            self.inner
-                .observe(self.slot, self.alg, self.dir, p.expected, observed);
+            if self.slot == 0 {
+                // A CPU job dispatched away ran on the blocking pool: what it
+                // took beyond the inline model is the hand-off.
+                let model = &self.inner.models[0];
+                let inline = p.expected * model.entry(self.alg, self.dir).correction();
+                model.observe_handoff(inline, observed);
+            } else {
+                self.inner
+                    .observe(self.slot, self.alg, self.dir, p.expected, observed);
+            }
         }
     }
 
@@ -349,12 +357,25 @@ fn default_rate(alg: Algorithm, dir: Direction) -> f64 {
     }
 }
 
+/// Whether a CPU request of `len` bytes predicted (uncorrected) at `ns`
+/// inline goes to the blocking pool, inside a runtime — and so pays the
+/// learned hand-off ([`Model::observe_handoff`]).
+///
+/// [`Model::observe_handoff`]: crate::cost::Model::observe_handoff
+#[inline]
+pub(crate) fn blocks(len: usize, ns: f64) -> bool {
+    len >= BLOCKING_MIN_LEN && ns >= CPU_BLOCKING_NS
+}
+
+/// No CPU request shorter than this leaves the calling task.
+pub(crate) const BLOCKING_MIN_LEN: usize = 64 * 1024;
+
 /// How a CPU request of `len` bytes runs: `None` inline, or `Some(parts)`
 /// on the blocking pool in that many pieces (only inside a tokio runtime).
 #[inline]
 pub(crate) fn cpu_plan(inner: &Inner, alg: Algorithm, dir: Direction, len: usize) -> Option<usize> {
     // Cheap exit for the common small request.
-    if len < 64 * 1024 {
+    if len < BLOCKING_MIN_LEN {
         return None;
     }
     cpu_plan_large(inner, alg, dir, len)
@@ -365,7 +386,7 @@ fn cpu_plan_large(inner: &Inner, alg: Algorithm, dir: Direction, len: usize) -> 
         Some(c) => c.latency_ns(len),
         None => len as f64 / default_rate(alg, dir),
     };
-    if ns < CPU_BLOCKING_NS || tokio::runtime::Handle::try_current().is_err() {
+    if !blocks(len, ns) || tokio::runtime::Handle::try_current().is_err() {
         return None;
     }
     let parts = ((ns / CPU_SPLIT_PART_NS) as usize).clamp(1, inner.cores.clamp(1, 8));
