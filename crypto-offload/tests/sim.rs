@@ -822,3 +822,52 @@ fn the_blocking_pool_hand_off_is_learned_apart_from_inline_requests() {
         );
     });
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_near_tie_is_explored_and_the_faster_engine_found() {
+    // The profile has engine `a` at 9 ms and `b` at 10 ms; in fact `a`
+    // takes 10 ms and `b` 8 ms. Serving only `a` would never correct `b`:
+    // Auto must now and then try the near runner-up, learn, and move.
+    let engine = |name: &str, ms: u64| {
+        let mut c = SimConfig::new(
+            name,
+            vec![Algorithm::Cipher(CipherAlg::Aes256Xts)],
+            Duration::from_millis(ms),
+            1e15,
+        );
+        c.timer = SimTimer::Tokio;
+        c.compute_results = false;
+        Arc::new(SimEngine::new(c))
+    };
+    let entry = |backend: &str, fixed: f64, share: f64| {
+        format!(
+            "[[entry]]\nbackend = \"{backend}\"\nalg = \"aes-256-xts\"\ndir = \"encrypt\"\n\
+             fixed_ns = {fixed:?}\nper_byte_ns = 0.0\ncpu_fixed_ns = {:?}\n\
+             cpu_per_byte_ns = 0.0\nparallelism = 1\nresume_ns = 0.0\n",
+            fixed * share
+        )
+    };
+    let profile = entry("cpu", 100e6, 1.0) + &entry("a", 9e6, 0.0) + &entry("b", 10e6, 0.0);
+    let offload = Offload::builder()
+        .backend(engine("a", 10))
+        .backend(engine("b", 8))
+        .profile(crypto_offload::Profile::from_toml(&profile).unwrap())
+        .build()
+        .unwrap();
+    let s = offload
+        .cipher(CipherAlg::Aes256Xts, &key(64))
+        .await
+        .unwrap();
+    let len = 4096;
+    assert_eq!(s.backend_for(Direction::Encrypt, len), "a");
+    let mut buf = vec![0u8; len];
+    for i in 0..100u128 {
+        buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
+    }
+    assert_eq!(
+        s.backend_for(Direction::Encrypt, len),
+        "b",
+        "{}",
+        offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
+    );
+}
