@@ -529,16 +529,18 @@ async fn reap(inner: Weak<Inner>, irq: AsyncFd<EventFd>) {
 }
 
 impl Inner {
-    /// Hands every completed request back to its caller.
-    fn drain(&self, q: &Queue) {
+    /// Hands every completed request back to its caller; how many callers
+    /// that finished (whose tasks may now go on).
+    fn drain(&self, q: &Queue) -> u64 {
         let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut freed = 0u64;
+        let mut finished = 0u64;
         loop {
             match state.ring.pop_used() {
                 Ok(Some((head, len))) => {
                     freed += 1;
                     if let Some(p) = state.pending.remove(head) {
-                        p.done.complete(p.buf, len);
+                        finished += u64::from(p.done.complete(p.buf, len));
                     }
                 }
                 Ok(None) => break,
@@ -546,7 +548,7 @@ impl Inner {
                     tracing::error!(%e, queue = q.index, "device broke its ring");
                     drop(state);
                     self.fail_all();
-                    return;
+                    return finished;
                 }
             }
         }
@@ -557,6 +559,7 @@ impl Inner {
             }
             self.count_completions(freed);
         }
+        finished
     }
 
     /// Notes that this thread handed back `n` completions (the spreading
@@ -661,9 +664,18 @@ impl Inner {
         let mut progress = false;
         tokio::task::yield_now().await;
         loop {
-            self.drain(q);
+            let others = self.drain(q);
             if finished()? {
                 return Ok(true);
+            }
+            if others > 0 {
+                // Other callers' requests or bursts finished: let their
+                // tasks run now, so that they send their next ones while the
+                // device still works on ours (spinning on until ours are
+                // done would let the queue run dry behind them).
+                progress = true;
+                tokio::task::yield_now().await;
+                continue;
             }
             let mut spins = 0;
             while spins < SPINS && !self.has_used(q) {

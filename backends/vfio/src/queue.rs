@@ -29,12 +29,12 @@ pub(crate) enum Completion {
 }
 
 impl Completion {
-    pub(crate) fn complete(self, buf: DmaBuf, len: u32) {
+    /// Hands the buffer on; whether that finished a caller's wait (a
+    /// request, or the last of a burst).
+    pub(crate) fn complete(self, buf: DmaBuf, len: u32) -> bool {
         match self {
             // A caller that went away drops the buffer: free.
-            Completion::One(tx) => {
-                let _ = tx.send((buf, len));
-            }
+            Completion::One(tx) => tx.send((buf, len)).is_ok(),
             Completion::Burst(burst, i) => burst.complete(i, buf, len),
         }
     }
@@ -60,7 +60,8 @@ impl Burst {
         }
     }
 
-    pub(crate) fn complete(&self, i: usize, buf: DmaBuf, len: u32) {
+    /// Files request `i`'s completion; whether it was the burst's last.
+    pub(crate) fn complete(&self, i: usize, buf: DmaBuf, len: u32) -> bool {
         if let Some(slot) = self
             .done
             .lock()
@@ -69,9 +70,11 @@ impl Burst {
         {
             *slot = Some((buf, len));
         }
-        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let last = self.left.fetch_sub(1, Ordering::AcqRel) == 1;
+        if last {
             self.wake.notify_one();
         }
+        last
     }
 
     pub(crate) fn fail(&self) {
