@@ -15,11 +15,12 @@ use tracing::Instrument;
 use crate::dma::{DmaBuf, DmaPool};
 use crate::error::Error;
 use crate::protocol::{self, CipherAlgo, DeviceConfig, HEADER_LEN, SESSION_INPUT_LEN};
-use crate::queue::{Burst, Completion, Pending, Pendings, Queue, QueueState};
-use crate::request::Chain;
+use crate::queue::{Burst, Pending, Pendings, Queue, QueueState};
+use crate::request::{Chain, DmaRequest, TABLE_AT};
 use crate::session::CipherSession;
 use crate::transport::{
-    ACKNOWLEDGE, DRIVER, DRIVER_OK, F_ACCESS_PLATFORM, F_VERSION_1, FAILED, NO_VECTOR, Transport,
+    ACKNOWLEDGE, DRIVER, DRIVER_OK, F_ACCESS_PLATFORM, F_INDIRECT_DESC, F_VERSION_1, FAILED,
+    NO_VECTOR, Transport, wanted,
 };
 use crate::vfio::Device;
 use crate::virtqueue::{Segment, SplitQueue};
@@ -412,7 +413,7 @@ fn set_up(
     // the IOVAs VFIO maps; without it, the device takes guest-physical
     // addresses (QEMU's iommu_platform=off) and the pool must give those.
     let translated = offered & F_ACCESS_PLATFORM != 0;
-    transport.negotiate(F_VERSION_1 | (offered & F_ACCESS_PLATFORM))?;
+    transport.negotiate(wanted(offered))?;
     let config = transport.read_device_config(|w| {
         Ok(DeviceConfig {
             status: w(DeviceConfig::STATUS)?,
@@ -447,14 +448,21 @@ fn set_up(
     // Queues 0..max_dataqueues carry data; the control queue is next.
     let ctrl_index = u16::try_from(config.max_dataqueues)
         .map_err(|_| Error::Device("too many data queues".into()))?;
-    let data = queue(transport, &pool, 0)?;
-    let ctrl = queue(transport, &pool, ctrl_index)?;
+    // Data requests go through indirect tables when the device takes them;
+    // control requests (rare) as plain chains.
+    let data = queue(transport, &pool, 0, wanted(offered) & F_INDIRECT_DESC != 0)?;
+    let ctrl = queue(transport, &pool, ctrl_index, false)?;
     transport.add_status(DRIVER_OK)?;
     Ok((config, pool, irq, data, ctrl))
 }
 
 /// Sets queue `index` up in the pool, on MSI-X vector 0.
-fn queue(transport: &Transport, pool: &Arc<DmaPool>, index: u16) -> Result<Queue, Error> {
+fn queue(
+    transport: &Transport,
+    pool: &Arc<DmaPool>,
+    index: u16,
+    indirect: bool,
+) -> Result<Queue, Error> {
     let max = transport.queue_max_size(index)?;
     if max == 0 {
         return Err(Error::Device(format!("no queue {index}")));
@@ -464,7 +472,8 @@ fn queue(transport: &Transport, pool: &Arc<DmaPool>, index: u16) -> Result<Queue
     let mem = pool
         .try_alloc(SplitQueue::bytes(size))?
         .ok_or_else(|| Error::Device("no DMA room for a queue".into()))?;
-    let ring = SplitQueue::new(mem, size)?;
+    let mut ring = SplitQueue::new(mem, size)?;
+    ring.set_indirect(indirect);
     let notify_off = transport.setup_queue(index, size, ring.addresses(), 0)?;
     Ok(Queue {
         index,
@@ -540,7 +549,7 @@ impl Inner {
                 Ok(Some((head, len))) => {
                     freed += 1;
                     if let Some(p) = state.pending.remove(head) {
-                        finished += u64::from(p.done.complete(p.buf, len));
+                        finished += u64::from(p.complete(len));
                     }
                 }
                 Ok(None) => break,
@@ -716,7 +725,8 @@ impl Inner {
         t.reset()?;
         t.add_status(ACKNOWLEDGE | DRIVER)?;
         let offered = t.device_features()?;
-        t.negotiate(F_VERSION_1 | (offered & F_ACCESS_PLATFORM))?;
+        t.negotiate(wanted(offered))?;
+        let indirect = wanted(offered) & F_INDIRECT_DESC != 0;
         hw.vfio.enable_msix(&[self.irq.as_fd()])?;
         t.set_config_vector(NO_VECTOR)?;
         for q in [&self.data, &self.ctrl] {
@@ -727,6 +737,9 @@ impl Inner {
                 ));
             }
             state.ring.reset()?;
+            state
+                .ring
+                .set_indirect(indirect && std::ptr::eq(q, &self.data));
             let size = state.ring.size();
             t.setup_queue(q.index, size, state.ring.addresses(), 0)?;
         }
@@ -779,12 +792,7 @@ impl Inner {
             let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
             let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
             // Dropping the sender fails the waiting caller.
-            parked.extend(state.pending.drain().map(|p| {
-                if let Completion::Burst(burst, _) = &p.done {
-                    burst.fail();
-                }
-                p.buf
-            }));
+            parked.extend(state.pending.drain().flat_map(Pending::fail));
             drop(state);
             q.room.notify_waiters();
         }
@@ -798,15 +806,18 @@ impl Inner {
         buf: DmaBuf,
         chain: &[Segment],
     ) -> Result<(DmaBuf, u32), Error> {
-        self.enqueue_one(q, buf, Chain::new(chain)?)
+        self.enqueue_one(q, buf, Chain::new(chain)?, None)
             .await?
             .await
             .map_err(|_| Error::Gone)
     }
 
-    /// Submits one chain (whose memory is all in `buf`), waiting for room in
-    /// the queue (back-pressure); the receiver gets `buf` back when the
-    /// device completes it.
+    /// Submits one chain (whose memory is all in `buf`; with `table`, the
+    /// offset in `buf` where [`Layout::write_chain`] wrote it as an
+    /// indirect table), waiting for room in the queue (back-pressure); the
+    /// receiver gets `buf` back when the device completes it.
+    ///
+    /// [`Layout::write_chain`]: crate::request::Layout::write_chain
     ///
     /// # Cancel safety
     /// Cancel safe: the request is either queued (its buffer held by the
@@ -816,34 +827,78 @@ impl Inner {
         q: &Queue,
         buf: DmaBuf,
         chain: Chain,
+        table: Option<usize>,
     ) -> Result<oneshot::Receiver<(DmaBuf, u32)>, Error> {
         let (tx, rx) = oneshot::channel();
-        let mut tx = Some(tx);
-        self.enqueue_with(q, [(buf, chain)], |_| match tx.take() {
-            Some(tx) => Completion::One(tx),
-            // One request: asked for one completion.
-            None => Completion::One(oneshot::channel().0),
+        let table = table.map(|at| buf.iova(at));
+        let mut one = Some(Pending::One { buf, tx });
+        self.enqueue_with(q, 1, |state, _| {
+            let staged = match table {
+                Some(table) => state.ring.stage_request(chain.segments(), table),
+                None => state.ring.stage(chain.segments()),
+            };
+            match (staged, one.take()) {
+                (Ok(Some(head)), Some(p)) => {
+                    state.pending.insert(head, p);
+                    (1, Ok(()))
+                }
+                (Err(e), _) => (0, Err(e)),
+                _ => (0, Ok(())),
+            }
         })
         .await?;
         Ok(rx)
     }
 
-    /// Submits each chain (whose memory is all in its buffer), as many as
-    /// the queue takes under one lock and with one notification, waiting
-    /// for room for the rest (back-pressure); request `i` completes to
-    /// `completion(i)`.
+    /// Submits the requests of `burst` (prepared with their indirect
+    /// tables), as many as the queue takes under one lock and with one
+    /// notification, waiting for room for the rest.
     ///
     /// # Cancel safety
-    /// Cancel safe: a request is either queued (its buffer held by the
+    /// As for [`Inner::enqueue_one`]: whatever was queued is held by the
+    /// queue (through the burst) until it completes.
+    pub(crate) async fn enqueue_burst(&self, q: &Queue, burst: &Arc<Burst>) -> Result<(), Error> {
+        let n = burst.with_requests(<[DmaRequest]>::len);
+        self.enqueue_with(q, n, |state, mut next| {
+            // The burst's lock once per pass, not per request.
+            burst.with_requests(|requests| {
+                for r in &requests[next.min(requests.len())..] {
+                    match state
+                        .ring
+                        .stage_request(r.chain.segments(), r.dma.iova(TABLE_AT))
+                    {
+                        Ok(Some(head)) => {
+                            state.pending.insert(head, Pending::Burst(burst.clone()));
+                            next += 1;
+                        }
+                        Ok(None) => break,
+                        Err(e) => return (next, Err(e)),
+                    }
+                }
+                (next, Ok(()))
+            })
+        })
+        .await
+    }
+
+    /// Submits `n` requests: `stage(state, next)` writes requests from
+    /// `next` on into the ring, with what the queue holds for each until it
+    /// completes, as many as fit; it returns where it stopped (and an error
+    /// that stopped it). Those go to the device with one index write and
+    /// one notification; then this waits for room for the rest
+    /// (back-pressure).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a request is either queued (its memory held by the
     /// queue until completion) or dropped unsent.
-    pub(crate) async fn enqueue_with(
+    async fn enqueue_with(
         &self,
         q: &Queue,
-        requests: impl IntoIterator<Item = (DmaBuf, Chain)>,
-        mut completion: impl FnMut(usize) -> Completion,
+        n: usize,
+        mut stage: impl FnMut(&mut QueueState, usize) -> (usize, Result<(), Error>),
     ) -> Result<(), Error> {
-        let mut requests = requests.into_iter().enumerate().peekable();
-        while requests.peek().is_some() {
+        let mut next = 0;
+        while next < n {
             let room = q.room.notified();
             tokio::pin!(room);
             room.as_mut().enable();
@@ -860,40 +915,22 @@ impl Inner {
                         "the device is suspended: resume it first".into(),
                     ));
                 }
-                let mut pushed = false;
-                let mut full = false;
-                let mut staged = Ok(());
-                while let Some((_, (_, chain))) = requests.peek() {
-                    let head = match state.ring.stage(chain.segments()) {
-                        Ok(Some(head)) => head,
-                        Ok(None) => {
-                            full = true;
-                            break;
-                        }
-                        Err(e) => {
-                            staged = Err(e);
-                            break;
-                        }
-                    };
-                    let Some((i, (buf, _))) = requests.next() else {
-                        break;
-                    };
-                    let done = completion(i);
-                    state.pending.insert(head, Pending { buf, done });
-                    pushed = true;
-                }
-                // What was staged goes out even if a later chain failed:
-                // its buffers are the queue's now and come back on completion.
+                let (done, staged) = stage(&mut state, next);
+                let pushed = done > next;
+                next = done;
+                // What was staged goes out even if a later request failed:
+                // its memory is the queue's now and comes back on completion.
                 if pushed {
                     state.ring.publish()?;
                 }
                 staged?;
+                let full = (next < n).then(|| state.ring.free_descriptors());
                 (pushed && state.ring.needs_notify()?, full)
             };
             if notify {
                 self.with_hw(|hw| hw.transport.notify(q.notify_off, q.index))?;
             }
-            if full {
+            if let Some(free) = full {
                 // Queue full: completions free descriptors. Look at the
                 // ring first (interrupts may be off for pollers), then wait.
                 self.drain(q);
@@ -902,7 +939,7 @@ impl Inner {
                     .unwrap_or_else(|p| p.into_inner())
                     .ring
                     .free_descriptors()
-                    < requests.peek().map_or(0, |(_, (_, c))| c.segments().len())
+                    <= free
                 {
                     room.await;
                 }

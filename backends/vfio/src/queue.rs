@@ -9,67 +9,75 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::dma::DmaBuf;
 use crate::error::Error;
+use crate::request::DmaRequest;
 use crate::virtqueue::SplitQueue;
 
-/// A request the device holds: its buffer (parked here, not in the
-/// caller's future, so that a cancelled request never frees memory the
-/// device may still write) and where to send it back.
-pub(crate) struct Pending {
-    pub(crate) buf: DmaBuf,
-    pub(crate) done: Completion,
+/// A request the device holds, and where its completion goes. Its memory
+/// is held here (not in the caller's future), so that a cancelled request
+/// never frees memory the device may still write.
+pub(crate) enum Pending {
+    /// A request with its own buffer, back to the one caller waiting.
+    One {
+        buf: DmaBuf,
+        tx: oneshot::Sender<(DmaBuf, u32)>,
+    },
+    /// One request of a burst: the burst holds all their memory (one
+    /// reference per request in the device, nothing moved per request).
+    Burst(Arc<Burst>),
 }
 
-/// Where a completed request's buffer goes.
-pub(crate) enum Completion {
-    /// To the one caller waiting for it.
-    One(oneshot::Sender<(DmaBuf, u32)>),
-    /// Into slot `.1` of a burst (one allocation for the whole burst, not
-    /// one channel per request).
-    Burst(Arc<Burst>, usize),
-}
-
-impl Completion {
-    /// Hands the buffer on; whether that finished a caller's wait (a
+impl Pending {
+    /// Hands the completion on; whether that finished a caller's wait (a
     /// request, or the last of a burst).
-    pub(crate) fn complete(self, buf: DmaBuf, len: u32) -> bool {
+    pub(crate) fn complete(self, len: u32) -> bool {
         match self {
             // A caller that went away drops the buffer: free.
-            Completion::One(tx) => tx.send((buf, len)).is_ok(),
-            Completion::Burst(burst, i) => burst.complete(i, buf, len),
+            Pending::One { buf, tx } => tx.send((buf, len)).is_ok(),
+            Pending::Burst(burst) => burst.complete(),
+        }
+    }
+
+    /// The device failed with the request in it: the caller's wait fails
+    /// (the sender is dropped, the burst marked); the memory the device may
+    /// still write, to be parked until it no longer can.
+    pub(crate) fn fail(self) -> Vec<DmaBuf> {
+        match self {
+            Pending::One { buf, .. } => vec![buf],
+            Pending::Burst(burst) => burst.fail(),
         }
     }
 }
 
-/// The requests of one [`CipherSession::run_burst`], as they complete.
+/// The requests of one [`CipherSession::run_burst`], held while the device
+/// has them.
+///
+/// [`CipherSession::run_burst`]: crate::CipherSession::run_burst
 pub(crate) struct Burst {
-    pub(crate) done: Mutex<Vec<Option<(DmaBuf, u32)>>>,
-    pub(crate) left: AtomicUsize,
+    requests: Mutex<Vec<DmaRequest>>,
+    left: AtomicUsize,
     /// The device failed (reset, removed) with some still in it.
-    pub(crate) failed: AtomicBool,
+    failed: AtomicBool,
     /// Wakes the waiter when the last one completes or the device fails.
     pub(crate) wake: Notify,
 }
 
 impl Burst {
-    pub(crate) fn new(n: usize) -> Burst {
+    pub(crate) fn new(requests: Vec<DmaRequest>) -> Burst {
         Burst {
-            done: Mutex::new((0..n).map(|_| None).collect()),
-            left: AtomicUsize::new(n),
+            left: AtomicUsize::new(requests.len()),
+            requests: Mutex::new(requests),
             failed: AtomicBool::new(false),
             wake: Notify::new(),
         }
     }
 
-    /// Files request `i`'s completion; whether it was the burst's last.
-    pub(crate) fn complete(&self, i: usize, buf: DmaBuf, len: u32) -> bool {
-        if let Some(slot) = self
-            .done
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(i)
-        {
-            *slot = Some((buf, len));
-        }
+    /// Runs `f` on the requests (to stage them).
+    pub(crate) fn with_requests<T>(&self, f: impl FnOnce(&[DmaRequest]) -> T) -> T {
+        f(&self.requests.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// One request completed; whether it was the burst's last.
+    pub(crate) fn complete(&self) -> bool {
         let last = self.left.fetch_sub(1, Ordering::AcqRel) == 1;
         if last {
             self.wake.notify_one();
@@ -77,9 +85,15 @@ impl Burst {
         last
     }
 
-    pub(crate) fn fail(&self) {
+    /// The device failed: the waiter is told; the requests' memory is
+    /// returned to be parked (once: the burst's other requests find none).
+    pub(crate) fn fail(&self) -> Vec<DmaBuf> {
         self.failed.store(true, Ordering::Release);
         self.wake.notify_one();
+        std::mem::take(&mut *self.requests.lock().unwrap_or_else(|p| p.into_inner()))
+            .into_iter()
+            .map(|r| r.dma)
+            .collect()
     }
 
     /// All done (`Ok(true)`), not yet (`Ok(false)`), or the device failed.
@@ -88,6 +102,11 @@ impl Burst {
             return Err(Error::Gone);
         }
         Ok(self.left.load(Ordering::Acquire) == 0)
+    }
+
+    /// The requests back, once [`Burst::finished`].
+    pub(crate) fn take(&self) -> Vec<DmaRequest> {
+        std::mem::take(&mut *self.requests.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -163,32 +182,35 @@ mod tests {
         pool.try_alloc(16).unwrap().unwrap()
     }
 
+    fn one(pool: &Arc<DmaPool>) -> Pending {
+        let (tx, _rx) = oneshot::channel();
+        Pending::One { buf: buf(pool), tx }
+    }
+
+    fn request(pool: &Arc<DmaPool>) -> DmaRequest {
+        DmaRequest {
+            dma: buf(pool),
+            chain: crate::request::Chain::empty(),
+            session: 1,
+            encrypt: true,
+            layout: crate::request::Layout::new(crate::protocol::CipherAlgo::AesCbc, 16),
+            iv_len: 16,
+            status: None,
+        }
+    }
+
     #[test]
     fn pendings_count_what_they_hold() {
         let pool = Arc::new(DmaPool::unmapped(1 << 16).unwrap());
         let mut p = Pendings::new(8);
-        let (tx, _rx) = oneshot::channel();
-        p.insert(
-            3,
-            Pending {
-                buf: buf(&pool),
-                done: Completion::One(tx),
-            },
-        );
+        p.insert(3, one(&pool));
         assert_eq!(p.len(), 1);
         assert!(p.remove(2).is_none());
         assert!(p.remove(9).is_none(), "past the ring: nothing, no panic");
         assert!(p.remove(3).is_some());
         assert!(p.is_empty());
         for head in [1, 5] {
-            let (tx, _rx) = oneshot::channel();
-            p.insert(
-                head,
-                Pending {
-                    buf: buf(&pool),
-                    done: Completion::One(tx),
-                },
-            );
+            p.insert(head, one(&pool));
         }
         assert_eq!(p.drain().count(), 2);
         assert!(p.is_empty());
@@ -197,21 +219,20 @@ mod tests {
     #[test]
     fn a_burst_finishes_with_its_last_completion_or_fails_whole() {
         let pool = Arc::new(DmaPool::unmapped(1 << 16).unwrap());
-        let burst = Arc::new(Burst::new(2));
-        Completion::Burst(burst.clone(), 1).complete(buf(&pool), 7);
+        let burst = Arc::new(Burst::new(vec![request(&pool), request(&pool)]));
+        assert!(!Pending::Burst(burst.clone()).complete(7));
         assert!(!burst.finished().unwrap());
-        Completion::Burst(burst.clone(), 0).complete(buf(&pool), 8);
+        assert!(Pending::Burst(burst.clone()).complete(8));
         assert!(burst.finished().unwrap());
-        let lens: Vec<u32> = burst
-            .done
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|d| d.as_ref().unwrap().1)
-            .collect();
-        assert_eq!(lens, vec![8, 7]);
-        let failed = Burst::new(3);
-        failed.fail();
+        assert_eq!(burst.take().len(), 2);
+        // Failed with requests in the device: their memory is handed over
+        // to be parked, once.
+        let failed = Arc::new(Burst::new(Vec::new()));
+        assert!(Pending::Burst(failed.clone()).fail().is_empty());
+        let failed = Arc::new(Burst::new((0..3).map(|_| request(&pool)).collect()));
+        assert_eq!(Pending::Burst(failed.clone()).fail().len(), 3);
+        assert!(Pending::Burst(failed.clone()).fail().is_empty());
         assert!(matches!(failed.finished(), Err(Error::Gone)));
+        assert!(failed.take().is_empty());
     }
 }

@@ -7,10 +7,13 @@ use crate::error::Error;
 use crate::protocol::{self, CipherAlgo, HEADER_LEN};
 use crate::virtqueue::Segment;
 
-/// Where a data request's parts sit in its DMA buffer.
+/// Where a data request's parts sit in its DMA buffer: the header at 0,
+/// the IV, the status byte, the chain again as an indirect descriptor
+/// table (at most five descriptors), then the input and the output.
 pub(crate) const IV_AT: usize = 80;
 pub(crate) const STATUS_AT: usize = 96;
-pub(crate) const DATA_AT: usize = 128;
+pub(crate) const TABLE_AT: usize = 128;
+pub(crate) const DATA_AT: usize = 256;
 
 /// Where a data request's input and output sit in its DMA buffer.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +57,14 @@ impl Layout {
         }
         dma.write(DATA_AT, data)?;
         dma.write(DATA_AT + data.len(), &[0u8; 16][..self.padded - self.len])
+    }
+
+    /// The descriptor chain: header, IV (if any), input, output, status;
+    /// also written into `dma` as its indirect table (at [`TABLE_AT`]).
+    pub(crate) fn write_chain(&self, dma: &DmaBuf, iv_len: usize) -> Result<Chain, Error> {
+        let chain = self.chain(dma, iv_len);
+        crate::virtqueue::write_table(dma, TABLE_AT, chain.segments())?;
+        Ok(chain)
     }
 
     /// The descriptor chain: header, IV (if any), input, output, status.

@@ -13,8 +13,8 @@ use crate::device::{Inner, MAX_REQUEST};
 use crate::dma::DmaBuf;
 use crate::error::{Error, Failed};
 use crate::protocol::{self, CipherAlgo};
-use crate::queue::{Burst, Completion};
-use crate::request::{Chain, DmaRequest, IV_AT, Layout, STATUS_AT};
+use crate::queue::Burst;
+use crate::request::{Chain, DmaRequest, IV_AT, Layout, STATUS_AT, TABLE_AT};
 
 /// A cipher session on the device: one device session for each direction,
 /// destroyed when this is dropped.
@@ -267,7 +267,9 @@ impl CipherSession {
             .alloc(Layout::new(self.algo, data.len()).bytes())
             .await?;
         let chain = self.write_request(&dma, encrypt, iv, data)?;
-        self.dev.enqueue_one(&self.dev.data, dma, chain).await
+        self.dev
+            .enqueue_one(&self.dev.data, dma, chain, Some(TABLE_AT))
+            .await
     }
 
     /// Writes a whole request into `dma` (header, IV, input, status "not
@@ -288,7 +290,7 @@ impl CipherSession {
         dma.write(IV_AT, iv)?;
         dma.write_u8(STATUS_AT, 0xff)?;
         layout.write_input(dma, data)?;
-        Ok(layout.chain(dma, iv.len()))
+        layout.write_chain(dma, iv.len())
     }
 
     /// A request for `data` written into the device's DMA memory once, to
@@ -354,36 +356,17 @@ impl CipherSession {
             }
             r.dma.write_u8(STATUS_AT, 0xff)?;
         }
-        let mut shells = Vec::with_capacity(burst.len());
-        let mut chains = Vec::with_capacity(burst.len());
-        for r in burst {
-            chains.push((r.dma, r.chain));
-            shells.push((r.session, r.encrypt, r.layout, r.iv_len, r.chain));
-        }
-        let state = Arc::new(Burst::new(chains.len()));
-        self.dev
-            .enqueue_with(&self.dev.data, chains, |i| {
-                Completion::Burst(state.clone(), i)
-            })
-            .await?;
+        // The burst holds the requests while the device has them: nothing
+        // is moved per request, and a dropped future leaves them with the
+        // queue until they complete.
+        let state = Arc::new(Burst::new(burst));
+        self.dev.enqueue_burst(&self.dev.data, &state).await?;
         self.dev.wait_burst(&self.dev.data, &state).await?;
-        let done = std::mem::take(&mut *state.done.lock().unwrap_or_else(|p| p.into_inner()));
-        done.into_iter()
-            .zip(shells)
-            .map(|(done, (session, encrypt, layout, iv_len, chain))| {
-                let (dma, _) = done.ok_or(Error::Gone)?;
-                let status = dma.read_u8(STATUS_AT)?;
-                Ok(DmaRequest {
-                    dma,
-                    chain,
-                    session,
-                    encrypt,
-                    layout,
-                    iv_len,
-                    status: Some(status),
-                })
-            })
-            .collect()
+        let mut done = state.take();
+        for r in &mut done {
+            r.status = Some(r.dma.read_u8(STATUS_AT)?);
+        }
+        Ok(done)
     }
 
     /// Waits for a started request; its DMA buffer if the device succeeded.

@@ -22,6 +22,15 @@ pub(crate) const FAILED: u8 = 0x80;
 pub const F_VERSION_1: u64 = 1 << 32;
 /// `VIRTIO_F_ACCESS_PLATFORM`: the device's DMA goes through the IOMMU.
 pub const F_ACCESS_PLATFORM: u64 = 1 << 33;
+/// `VIRTIO_RING_F_INDIRECT_DESC`: a descriptor may point at a table of
+/// descriptors.
+pub const F_INDIRECT_DESC: u64 = 1 << 28;
+
+/// The features this driver takes of those `offered`: VERSION_1 (required
+/// separately), and ACCESS_PLATFORM and INDIRECT_DESC when offered.
+pub(crate) fn wanted(offered: u64) -> u64 {
+    F_VERSION_1 | (offered & (F_ACCESS_PLATFORM | F_INDIRECT_DESC))
+}
 
 /// `VIRTIO_MSI_NO_VECTOR`.
 pub(crate) const NO_VECTOR: u16 = 0xffff;

@@ -9,6 +9,9 @@ use crate::error::Error;
 
 const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
+const DESC_F_INDIRECT: u16 = 4;
+/// The bytes of one descriptor, in the table or in an indirect table.
+pub const DESC_BYTES: usize = 16;
 /// `VIRTQ_USED_F_NO_NOTIFY`: the device asks not to be notified.
 const USED_F_NO_NOTIFY: u16 = 1;
 /// `VIRTQ_AVAIL_F_NO_INTERRUPT`: the driver asks for no interrupts.
@@ -43,6 +46,10 @@ pub struct SplitQueue {
     avail_idx: u16,
     /// The used entries consumed so far (free-running).
     last_used: u16,
+    /// VIRTIO_RING_F_INDIRECT_DESC was negotiated: a request whose chain
+    /// is also written as a table in its own memory takes one descriptor
+    /// ([`SplitQueue::stage_request`]).
+    indirect: bool,
 }
 
 impl SplitQueue {
@@ -78,7 +85,14 @@ impl SplitQueue {
             next: vec![None; usize::from(size)],
             avail_idx: 0,
             last_used: 0,
+            indirect: false,
         })
+    }
+
+    /// Lets [`SplitQueue::stage_request`] send chains through indirect
+    /// tables (only once VIRTIO_RING_F_INDIRECT_DESC is negotiated).
+    pub fn set_indirect(&mut self, on: bool) {
+        self.indirect = on;
     }
 
     /// Empties the rings (zeroed memory, every descriptor free, indices
@@ -160,6 +174,34 @@ impl SplitQueue {
         self.mem.write_u16(avail + 4 + 2 * slot, head)?;
         self.avail_idx = self.avail_idx.wrapping_add(1);
         Ok(Some(head))
+    }
+
+    /// Stages a request whose `chain` is also written, by
+    /// [`write_table`], as an indirect table at `table` (a device
+    /// address): one descriptor pointing at the table if the device takes
+    /// indirect tables, else the chain itself. The table is written once
+    /// when the request is built, so a request sent again and again costs
+    /// one descriptor a time (DPDK's virtio PMDs do the same).
+    pub fn stage_request(&mut self, chain: &[Segment], table: u64) -> Result<Option<u16>, Error> {
+        if !self.indirect || chain.len() < 2 {
+            return self.stage(chain);
+        }
+        let Some(&id) = self.free.last() else {
+            return Ok(None);
+        };
+        let len = u32::try_from(chain.len() * DESC_BYTES).map_err(|_| Error::Invalid {
+            what: "descriptor chain",
+            detail: format!("{} segments", chain.len()),
+        })?;
+        self.write_desc(id, table, len, DESC_F_INDIRECT, 0)?;
+        self.free.pop();
+        self.next[usize::from(id)] = None;
+        self.busy[usize::from(id)] = true;
+        let slot = usize::from(self.avail_idx % self.size);
+        let avail = Self::avail_offset(self.size);
+        self.mem.write_u16(avail + 4 + 2 * slot, id)?;
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        Ok(Some(id))
     }
 
     /// Makes the staged chains available to the device.
@@ -256,16 +298,48 @@ impl SplitQueue {
     }
 
     fn write_desc(&self, id: u16, addr: u64, len: u32, flags: u16, next: u16) -> Result<(), Error> {
-        // Two stores, not four: `len`, `flags` and `next` are the second
-        // little-endian u64 of the descriptor (this runs five times a
-        // request).
-        let at = 16 * usize::from(id);
-        self.mem.write_u64(at, addr)?;
-        self.mem.write_u64(
-            at + 8,
-            u64::from(len) | u64::from(flags) << 32 | u64::from(next) << 48,
+        write_desc(
+            &self.mem,
+            DESC_BYTES * usize::from(id),
+            addr,
+            len,
+            flags,
+            next,
         )
     }
+}
+
+/// Writes one descriptor at byte `at` of `mem`.
+fn write_desc(
+    mem: &DmaBuf,
+    at: usize,
+    addr: u64,
+    len: u32,
+    flags: u16,
+    next: u16,
+) -> Result<(), Error> {
+    // Two stores, not four: `len`, `flags` and `next` are the second
+    // little-endian u64 of the descriptor.
+    mem.write_u64(at, addr)?;
+    mem.write_u64(
+        at + 8,
+        u64::from(len) | u64::from(flags) << 32 | u64::from(next) << 48,
+    )
+}
+
+/// Writes `chain` as an indirect descriptor table at byte `at` of `mem`
+/// (`chain.len()` × [`DESC_BYTES`]), for [`SplitQueue::stage_request`].
+pub fn write_table(mem: &DmaBuf, at: usize, chain: &[Segment]) -> Result<(), Error> {
+    for (i, seg) in chain.iter().enumerate() {
+        let last = i + 1 == chain.len();
+        let mut flags = if seg.device_writes { DESC_F_WRITE } else { 0 };
+        if !last {
+            flags |= DESC_F_NEXT;
+        }
+        let next = if last { 0 } else { (i + 1) as u16 };
+        write_desc(mem, at + DESC_BYTES * i, seg.iova, seg.len, flags, next)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -356,6 +430,71 @@ mod tests {
         assert_eq!(q.pop_used().unwrap(), Some((head, 17)));
         assert_eq!(q.pop_used().unwrap(), None);
         assert_eq!(q.free_descriptors(), 4);
+    }
+
+    #[test]
+    fn a_request_with_a_table_takes_one_descriptor_once_indirect_is_on() {
+        let pool = Arc::new(DmaPool::unmapped(64 * 1024).unwrap());
+        let mut q = SplitQueue::new(pool.try_alloc(SplitQueue::bytes(4)).unwrap().unwrap(), 4)
+            .unwrap();
+        let seg = |iova, len, device_writes| Segment {
+            iova,
+            len,
+            device_writes,
+        };
+        let chain = [
+            seg(0x1000, 72, false),
+            seg(0x2000, 16, true),
+            seg(0x3000, 1, true),
+        ];
+        let table = pool.try_alloc(128).unwrap().unwrap();
+        write_table(&table, 16, &chain).unwrap();
+        let at = table.iova(16);
+        // Not negotiated: the chain itself.
+        q.stage_request(&chain, at).unwrap().unwrap();
+        q.publish().unwrap();
+        assert_eq!(q.free_descriptors(), 1);
+        let mut seen = 0;
+        assert_eq!(device_completes(&q, &mut seen, 1).len(), 3);
+        q.pop_used().unwrap().unwrap();
+        assert_eq!(q.free_descriptors(), 4);
+
+        q.set_indirect(true);
+        let heads: Vec<u16> = (0..4)
+            .map(|_| q.stage_request(&chain, at).unwrap().unwrap())
+            .collect();
+        assert!(q.stage_request(&chain, at).unwrap().is_none(), "full");
+        q.publish().unwrap();
+        assert_eq!(
+            device_completes(&q, &mut seen, 17),
+            vec![(at, 48, DESC_F_INDIRECT)]
+        );
+        let desc = |i: usize| {
+            let d = 16 + DESC_BYTES * i;
+            (
+                table.read_u64(d).unwrap(),
+                table.read_u32(d + 8).unwrap(),
+                table.read_u16(d + 12).unwrap(),
+                table.read_u16(d + 14).unwrap(),
+            )
+        };
+        assert_eq!(
+            [desc(0), desc(1), desc(2)],
+            [
+                (0x1000, 72, DESC_F_NEXT, 1),
+                (0x2000, 16, DESC_F_NEXT | DESC_F_WRITE, 2),
+                (0x3000, 1, DESC_F_WRITE, 0)
+            ]
+        );
+        assert_eq!(q.pop_used().unwrap(), Some((heads[0], 17)));
+        assert_eq!(q.free_descriptors(), 1);
+        // A one-segment chain needs no table.
+        let one = q.stage_request(&chain[..1], at).unwrap().unwrap();
+        let d = DESC_BYTES * usize::from(one);
+        assert_eq!(
+            (q.mem.read_u64(d).unwrap(), q.mem.read_u16(d + 12).unwrap()),
+            (0x1000, 0)
+        );
     }
 
     #[test]
