@@ -6,4 +6,5 @@ pub mod block;
 pub mod latency;
 pub mod lifecycle;
 pub mod pattern;
+pub mod record;
 pub mod wire;
