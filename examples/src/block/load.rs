@@ -28,11 +28,12 @@ pub struct LoadConfig {
     pub requests: Option<u64>,
     /// Stop after this long.
     pub duration: Duration,
-    /// Percent of requests that read a block this run has written (the
-    /// rest write).
+    /// Percent of requests that read back a block this run has written (the
+    /// rest write; until a lane has written a block, it only writes).
     pub read_percent: u32,
-    /// Percent of requests on a random block of the lane's (the rest go
-    /// through its blocks in order).
+    /// Percent of requests on a random block (the rest go through the
+    /// blocks in order: a lane's own blocks for writes, the ones it has
+    /// written for reads).
     pub random_percent: u32,
     /// Seed of the data and of the choices.
     pub seed: u64,
@@ -391,9 +392,23 @@ async fn run_lane(
     }
     let mut rng = SplitMix::new(pattern::seed(config.seed, lane, u64::MAX));
     let mut cursor = rng.below(owned);
+    let mut read_cursor = 0;
     let mut ledger = ledger;
+    // The lane's blocks written so far (as `k`), the ones it can read back.
+    let mut written: Vec<u64> = Vec::new();
+    let random = |rng: &mut SplitMix| rng.below(100) < u64::from(config.random_percent);
     while budget.take() {
-        let k = if rng.below(100) < u64::from(config.random_percent) {
+        let read = !written.is_empty() && rng.below(100) < u64::from(config.read_percent);
+        let k = if read {
+            let n = written.len() as u64;
+            let i = if random(&mut rng) {
+                rng.below(n)
+            } else {
+                read_cursor = (read_cursor + 1) % n;
+                read_cursor
+            };
+            written[i as usize]
+        } else if random(&mut rng) {
             rng.below(owned)
         } else {
             cursor = (cursor + 1) % owned;
@@ -401,7 +416,6 @@ async fn run_lane(
         };
         let block = lane + k * lanes;
         let expect = ledger.blocks.get(&block).copied().unwrap_or_default();
-        let read = expect.acked > 0 && rng.below(100) < u64::from(config.read_percent);
         let started = Instant::now();
         if read {
             match client.read(block).await {
@@ -433,6 +447,9 @@ async fn run_lane(
                 Ok(()) => {
                     out.latencies.record(started.elapsed());
                     out.writes += 1;
+                    if expect.acked == 0 {
+                        written.push(k);
+                    }
                     ledger.blocks.insert(
                         block,
                         Expect {
