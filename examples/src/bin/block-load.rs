@@ -8,6 +8,8 @@
 //! Exits non-zero if any read returned other data than was written, or any
 //! request failed.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -9,6 +9,8 @@
 //! cleanly (in-flight requests finished, volume marked closed) on SIGTERM
 //! or Ctrl-C.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

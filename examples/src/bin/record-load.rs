@@ -10,6 +10,8 @@
 //! generator's own backends (it seals and opens too). Exits non-zero if
 //! any echo differed or any connection failed.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;

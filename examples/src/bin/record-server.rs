@@ -7,6 +7,8 @@
 //! Prints `listening on ADDR` on stdout once it accepts connections; stops
 //! cleanly on SIGTERM or Ctrl-C.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
