@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crypto_offload::{
     AfAlgBackend, Algorithm, Backend, Direction, Offload, OffloadBuilder, Policy, Profile,
@@ -16,21 +15,7 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Parses `latency`, `throughput`, `cpu-saving` or `cpu-saving=MS`.
 pub fn policy(s: &str) -> Result<Policy, Error> {
-    Ok(match s.split_once('=') {
-        None if s == "latency" => Policy::Latency,
-        None if s == "throughput" => Policy::Throughput,
-        None if s == "cpu-saving" => Policy::CpuSaving {
-            max_latency: Duration::from_millis(100),
-        },
-        Some(("cpu-saving", ms)) => Policy::CpuSaving {
-            max_latency: Duration::from_millis(ms.parse()?),
-        },
-        _ => {
-            return Err(
-                format!("unknown policy {s:?} (latency, throughput, cpu-saving[=MS])").into(),
-            );
-        }
-    })
+    Ok(s.parse()?)
 }
 
 /// Parses an algorithm name (`aes-256-xts`, `crc-32/iscsi`, …).

@@ -40,7 +40,7 @@ pub use error::{BackendError, Error, LengthRule, RequestError};
 pub use key::{MAX_KEY_LEN, SecretKey};
 pub use offload::{BackendInfo, BackendStats, Offload, OffloadBuilder};
 pub use power::{PowerControl, PowerDomain, PowerRef, PowerStats};
-pub use select::{Candidate, Explanation, Policy};
+pub use select::{Candidate, Explanation, ParsePolicyError, Policy};
 pub use session::{
     AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
 };

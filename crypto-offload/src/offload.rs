@@ -143,8 +143,33 @@ impl Offload {
     /// # Cancel safety
     /// Dropping the future before it completes leaves nothing behind.
     pub async fn discover() -> Result<Offload, Error> {
+        Offload::discover_with(Offload::builder()).await
+    }
+
+    /// [`discover`](Offload::discover) on top of `builder`: every
+    /// compiled-in backend that works here joins the backends, policy, pin
+    /// and profile `builder` already has, and the result is calibrated when
+    /// there is more than the CPU (unless a profile was given). For servers
+    /// that take a policy or a forced backend from their command line.
+    ///
+    /// ```
+    /// # futures::executor::block_on(async {
+    /// use crypto_offload::{Offload, Policy};
+    ///
+    /// let offload = Offload::discover_with(Offload::builder().policy(Policy::Throughput)).await?;
+    /// assert_eq!(offload.policy(), Policy::Throughput);
+    /// # Ok::<(), crypto_offload::Error>(()) });
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`OffloadBuilder::build`]: a pin naming no backend, a name
+    /// registered twice.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it completes leaves nothing behind.
+    pub async fn discover_with(builder: OffloadBuilder) -> Result<Offload, Error> {
         #[allow(unused_mut)]
-        let mut builder = Offload::builder();
+        let mut builder = builder;
         #[cfg(feature = "af-alg")]
         if let Ok(engines) = crate::AfAlgBackend::discover() {
             for e in engines {
@@ -157,9 +182,10 @@ impl Offload {
                 builder = builder.backend(std::sync::Arc::new(d));
             }
         }
+        let profiled = builder.profile.is_some();
         let offload = builder.build()?;
         // With the CPU alone there is nothing to choose between.
-        if !offload.inner.backends.is_empty() {
+        if !offload.inner.backends.is_empty() && !profiled {
             offload.calibrate().await?;
         }
         Ok(offload)

@@ -52,6 +52,46 @@ impl fmt::Display for Policy {
     }
 }
 
+/// Parses the names [`Policy`]'s `Display` writes, as a command line takes
+/// them: `latency`, `throughput`, `cpu-saving` (a 100 ms bound) or
+/// `cpu-saving=MS`.
+///
+/// ```
+/// use std::time::Duration;
+/// use crypto_offload::Policy;
+///
+/// assert_eq!("throughput".parse::<Policy>()?, Policy::Throughput);
+/// assert_eq!(
+///     "cpu-saving=5".parse::<Policy>()?,
+///     Policy::CpuSaving { max_latency: Duration::from_millis(5) },
+/// );
+/// assert!("fastest".parse::<Policy>().is_err());
+/// # Ok::<(), crypto_offload::ParsePolicyError>(())
+/// ```
+impl core::str::FromStr for Policy {
+    type Err = ParsePolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || ParsePolicyError(s.to_owned());
+        Ok(match s.split_once('=') {
+            None if s == "latency" => Policy::Latency,
+            None if s == "throughput" => Policy::Throughput,
+            None if s == "cpu-saving" => Policy::CpuSaving {
+                max_latency: Duration::from_millis(100),
+            },
+            Some(("cpu-saving", ms)) => Policy::CpuSaving {
+                max_latency: Duration::from_millis(ms.parse().map_err(|_| bad())?),
+            },
+            _ => return Err(bad()),
+        })
+    }
+}
+
+/// A policy name [`Policy::from_str`](core::str::FromStr::from_str) does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy {0:?} (latency, throughput, cpu-saving[=MS])")]
+pub struct ParsePolicyError(pub String);
+
 /// One backend's side of a decision.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]

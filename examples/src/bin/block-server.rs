@@ -1,0 +1,132 @@
+//! `block-server`: the encrypted block store.
+//!
+//! ```text
+//! block-server --volume /tmp/vol [--listen 127.0.0.1:7700] [--blocks 16384] [--block-size 4096]
+//!              [--policy throughput] [--backend cpu] [--sim qce]
+//! ```
+//!
+//! Prints `listening on ADDR` on stdout once it accepts connections; stops
+//! cleanly (in-flight requests finished, volume marked closed) on SIGTERM
+//! or Ctrl-C.
+
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use crypto_offload::{CipherAlg, CrcAlg};
+use offload_examples::backends::{self, BackendArgs};
+use offload_examples::block::server::{BlockServer, MAX_IN_FLIGHT};
+use offload_examples::block::volume::{Geometry, Volume, VolumeKey};
+use offload_examples::lifecycle;
+
+/// An encrypted block store: AES-256-XTS blocks with a CRC-32C each, over TCP.
+#[derive(Parser, Debug)]
+#[command(name = "block-server", version)]
+struct Args {
+    /// Address to listen on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    listen: SocketAddr,
+    /// The volume file (created if missing).
+    #[arg(long)]
+    volume: PathBuf,
+    /// The 64-byte key file (created with a random key if missing);
+    /// default: the volume's path with `.key` appended.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// Bytes per block, for a new volume.
+    #[arg(long, default_value_t = Geometry::default().block_size)]
+    block_size: usize,
+    /// Blocks, for a new volume.
+    #[arg(long, default_value_t = Geometry::default().blocks)]
+    blocks: u64,
+    /// Requests each connection may have in flight.
+    #[arg(long, default_value_t = MAX_IN_FLIGHT)]
+    max_in_flight: usize,
+    #[command(flatten)]
+    backends: BackendArgs,
+    /// Log level on stderr: error, warn, info, debug, trace.
+    #[arg(long, default_value = "warn")]
+    log: tracing::Level,
+}
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The whole program.
+///
+/// # Cancel safety
+/// Only run to its end by `main`.
+async fn run(args: Args) -> Result<(), Error> {
+    let offloads = args.backends.offloads().await?;
+    for alg in offloads.left_on_cpu(&[CipherAlg::Aes256Xts.into(), CrcAlg::Crc32Iscsi.into()]) {
+        eprintln!("block-server: the forced backend does not run {alg}: it stays on the CPU");
+    }
+    let key_path = args.key_file.clone().unwrap_or_else(|| {
+        let mut p = args.volume.clone().into_os_string();
+        p.push(".key");
+        p.into()
+    });
+    let (key, created_key) = VolumeKey::load_or_create(&key_path)?;
+    if created_key {
+        eprintln!("block-server: new key in {}", key_path.display());
+    }
+    let geometry = Geometry {
+        block_size: args.block_size,
+        blocks: args.blocks,
+    };
+    let volume = Volume::open(&args.volume, geometry, &key, &offloads).await?;
+    drop(key);
+    let opened = volume.opened();
+    let g = volume.geometry();
+    eprintln!(
+        "block-server: {} {}: {} blocks of {} B, {} written{}; {}",
+        if opened.created { "created" } else { "opened" },
+        args.volume.display(),
+        g.blocks,
+        g.block_size,
+        opened.written,
+        match (opened.clean, opened.torn_discarded) {
+            (true, _) => String::new(),
+            (false, 0) => ", recovered after a crash".to_owned(),
+            (false, n) => format!(", recovered after a crash ({n} torn writes discarded)"),
+        },
+        offloads.describe(),
+    );
+    let shutdown = lifecycle::on_signals()?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    // The tests and scripts wait for this line.
+    println!("listening on {}", listener.local_addr()?);
+    let server = BlockServer::new(volume, offloads, args.max_in_flight);
+    server.serve(listener, shutdown).await?;
+    let stats = server.stats();
+    server.close().await?;
+    eprintln!(
+        "block-server: closed cleanly after {} writes, {} reads, {} bad frames; {}",
+        stats.writes,
+        stats.reads,
+        stats.bad_frames,
+        backends::format_served(&stats.backends)
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    lifecycle::init_tracing(args.log);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("block-server: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("block-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

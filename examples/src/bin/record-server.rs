@@ -1,0 +1,89 @@
+//! `record-server`: the AES-128-GCM record echo.
+//!
+//! ```text
+//! record-server [--listen 127.0.0.1:7701] [--depth 32] [--policy throughput] [--backend cpu] [--sim eip197]
+//! ```
+//!
+//! Prints `listening on ADDR` on stdout once it accepts connections; stops
+//! cleanly on SIGTERM or Ctrl-C.
+
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::Parser;
+use crypto_offload::AeadAlg;
+use offload_examples::backends::{self, BackendArgs};
+use offload_examples::lifecycle;
+use offload_examples::record::protocol::MAX_PAYLOAD;
+use offload_examples::record::server::{DEPTH, RecordServer};
+
+/// An echo of AES-128-GCM records, each opened, verified and sealed again.
+#[derive(Parser, Debug)]
+#[command(name = "record-server", version)]
+struct Args {
+    /// Address to listen on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:7701")]
+    listen: SocketAddr,
+    /// Records each connection opens and seals at once.
+    #[arg(long, default_value_t = DEPTH)]
+    depth: usize,
+    /// The largest payload taken.
+    #[arg(long, default_value_t = MAX_PAYLOAD)]
+    max_payload: usize,
+    #[command(flatten)]
+    backends: BackendArgs,
+    /// Log level on stderr: error, warn, info, debug, trace.
+    #[arg(long, default_value = "warn")]
+    log: tracing::Level,
+}
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The whole program.
+///
+/// # Cancel safety
+/// Only run to its end by `main`.
+async fn run(args: Args) -> Result<(), Error> {
+    let offloads = args.backends.offloads().await?;
+    for alg in offloads.left_on_cpu(&[AeadAlg::Aes128Gcm.into()]) {
+        eprintln!("record-server: the forced backend does not run {alg}: it stays on the CPU");
+    }
+    eprintln!("record-server: {}", offloads.describe());
+    let shutdown = lifecycle::on_signals()?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    // The tests and scripts wait for this line.
+    println!("listening on {}", listener.local_addr()?);
+    let server = RecordServer::new(offloads, args.depth, args.max_payload.min(MAX_PAYLOAD));
+    server.serve(listener, shutdown).await?;
+    let s = server.stats();
+    eprintln!(
+        "record-server: stopped after {} records, {} tampered and {} replayed dropped, {} bad frames; {}",
+        s.records,
+        s.tampered,
+        s.replayed,
+        s.bad_frames,
+        backends::format_served(&s.backends)
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    lifecycle::init_tracing(args.log);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("record-server: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("record-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! What both servers share about starting and stopping: the shutdown
+//! signal, accept errors that leave the listener usable, and the process's
+//! CPU time for STATS.
+
+use std::io;
+
+use tokio::sync::watch;
+
+/// Resolves once `shutdown` is true or its sender is gone.
+///
+/// # Cancel safety
+/// Cancel safe.
+pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|&stop| stop).await;
+}
+
+/// A shutdown signal that turns true on SIGTERM or SIGINT (Ctrl-C).
+///
+/// # Errors
+/// The signal handlers could not be installed.
+pub fn on_signals() -> io::Result<watch::Receiver<bool>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        let _ = tx.send(true);
+        // Keep the sender: a dropped one reads as "stop" too, but only once
+        // the signal came.
+        std::future::pending::<()>().await;
+    });
+    Ok(rx)
+}
+
+/// Accept errors that leave the listener usable (a peer that gave up, out
+/// of descriptors or memory for now).
+pub fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::OutOfMemory
+    ) || matches!(e.raw_os_error(), Some(23 | 24 | 105)) // ENFILE, EMFILE, ENOBUFS
+}
+
+/// This process's CPU time (user + system) so far, in ns.
+pub fn process_cpu_ns() -> u64 {
+    u64::try_from(cpu_time::ProcessTime::now().as_duration().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Sets up `tracing` output on stderr at `level`.
+pub fn init_tracing(level: tracing::Level) {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .try_init();
+}
