@@ -435,8 +435,8 @@ mod tests {
     #[test]
     fn a_request_with_a_table_takes_one_descriptor_once_indirect_is_on() {
         let pool = Arc::new(DmaPool::unmapped(64 * 1024).unwrap());
-        let mut q = SplitQueue::new(pool.try_alloc(SplitQueue::bytes(4)).unwrap().unwrap(), 4)
-            .unwrap();
+        let mut q =
+            SplitQueue::new(pool.try_alloc(SplitQueue::bytes(4)).unwrap().unwrap(), 4).unwrap();
         let seg = |iova, len, device_writes| Segment {
             iova,
             len,
