@@ -4,7 +4,10 @@
 
 use std::io;
 
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::Instrument;
 
 /// Resolves once `shutdown` is true or its sender is gone.
 ///
@@ -59,4 +62,47 @@ pub fn init_tracing(level: tracing::Level) {
         .with_writer(std::io::stderr)
         .with_max_level(level)
         .try_init();
+}
+
+/// Accepts connections on `listener` until `shutdown` turns true (or its
+/// sender is dropped), running `connection(stream)` for each on its own
+/// task in a `connection` span; then waits for every connection to finish.
+/// Transient accept errors (out of descriptors, a connection reset before
+/// it was accepted) are logged and retried: the listener is fine.
+///
+/// # Errors
+/// Accepting failed otherwise.
+///
+/// # Cancel safety
+/// Dropping the future aborts the connections' tasks (what they spawned
+/// themselves runs on).
+pub async fn accept_until<F>(
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+    mut connection: impl FnMut(TcpStream) -> F,
+) -> io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = stopped(&mut shutdown) => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) if is_transient(&e) => {
+                tracing::warn!(error = %e, "accept");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let span = tracing::info_span!("connection", %peer);
+        connections.spawn(connection(stream).instrument(span));
+        while connections.try_join_next().is_some() {}
+    }
+    while connections.join_next().await.is_some() {}
+    Ok(())
 }

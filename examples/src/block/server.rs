@@ -17,7 +17,7 @@ use super::protocol::{
 };
 use super::volume::{Volume, VolumeError};
 use crate::backends::Offloads;
-use crate::lifecycle::{is_transient, process_cpu_ns, stopped};
+use crate::lifecycle::{accept_until, process_cpu_ns, stopped};
 use crate::wire::{discard, read_body, read_header, write_frames};
 
 /// Requests one connection may have in flight by default.
@@ -102,34 +102,12 @@ impl BlockServer {
     pub async fn serve(
         self: &Arc<Self>,
         listener: TcpListener,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) -> io::Result<()> {
-        let mut connections = JoinSet::new();
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                () = stopped(&mut shutdown) => break,
-            };
-            let (stream, peer) = match accepted {
-                Ok(a) => a,
-                // Out of file descriptors and the like: the listener is fine.
-                Err(e) if is_transient(&e) => {
-                    tracing::warn!(error = %e, "accept");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let span = tracing::info_span!("connection", %peer);
-            connections.spawn(
-                self.clone()
-                    .connection(stream, shutdown.clone())
-                    .instrument(span),
-            );
-            while connections.try_join_next().is_some() {}
-        }
-        while connections.join_next().await.is_some() {}
-        Ok(())
+        accept_until(listener, shutdown.clone(), |stream| {
+            self.clone().connection(stream, shutdown.clone())
+        })
+        .await
     }
 
     /// Marks the volume closed cleanly, once [`serve`](Self::serve) has

@@ -12,7 +12,6 @@ use futures::StreamExt;
 use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
 use tracing::Instrument;
 use zeroize::Zeroizing;
 
@@ -21,7 +20,7 @@ use super::protocol::{
     alert_record, kind, nonce, record,
 };
 use crate::backends::Offloads;
-use crate::lifecycle::{is_transient, process_cpu_ns, stopped};
+use crate::lifecycle::{accept_until, process_cpu_ns, stopped};
 use crate::wire::{discard, read_body, read_header, write_frames};
 
 /// DATA records one connection may have in the pipeline by default.
@@ -138,34 +137,13 @@ impl RecordServer {
     pub async fn serve(
         self: &Arc<Self>,
         listener: TcpListener,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) -> io::Result<()> {
-        let mut connections = JoinSet::new();
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                () = stopped(&mut shutdown) => break,
-            };
-            let (stream, peer) = match accepted {
-                Ok(a) => a,
-                Err(e) if is_transient(&e) => {
-                    tracing::warn!(error = %e, "accept");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
+        accept_until(listener, shutdown.clone(), |stream| {
             bump(&self.counters.connections, 1);
-            let span = tracing::info_span!("connection", %peer);
-            connections.spawn(
-                self.clone()
-                    .connection(stream, shutdown.clone())
-                    .instrument(span),
-            );
-            while connections.try_join_next().is_some() {}
-        }
-        while connections.join_next().await.is_some() {}
-        Ok(())
+            self.clone().connection(stream, shutdown.clone())
+        })
+        .await
     }
 
     /// Serves one connection until the peer closes it or shutdown; what was
