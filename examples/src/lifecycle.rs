@@ -106,3 +106,26 @@ where
     while connections.join_next().await.is_some() {}
     Ok(())
 }
+
+/// A binary's `main`: runs `main` on a new multi-threaded runtime and
+/// gives its output, or prints `name: error` (the runtime's or `main`'s)
+/// and gives `None`.
+pub fn block_on<T, E: std::fmt::Display>(
+    name: &str,
+    main: impl Future<Output = Result<T, E>>,
+) -> Option<T> {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{name}: cannot start the runtime: {e}");
+            return None;
+        }
+    };
+    match runtime.block_on(main) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            None
+        }
+    }
+}

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use offload_examples::block::load::{self, LoadConfig};
-use offload_examples::pattern;
+use offload_examples::{lifecycle, pattern};
 
 /// Load for a block server: connections × depth, reads checked.
 #[derive(Parser, Debug)]
@@ -70,15 +70,11 @@ fn main() -> ExitCode {
         blocks: args.blocks,
         ..LoadConfig::new(args.addr)
     };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("block-load: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(load::run(&config, Arc::new(AtomicBool::new(false)))) {
-        Ok(report) => {
+    match lifecycle::block_on(
+        "block-load",
+        load::run(&config, Arc::new(AtomicBool::new(false))),
+    ) {
+        Some(report) => {
             println!("{report}");
             if report.is_clean() {
                 ExitCode::SUCCESS
@@ -86,9 +82,6 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-        Err(e) => {
-            eprintln!("block-load: {e}");
-            ExitCode::FAILURE
-        }
+        None => ExitCode::FAILURE,
     }
 }

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use offload_examples::backends::{BackendArgs, format_served};
-use offload_examples::pattern;
 use offload_examples::record::load::{self, RecordLoadConfig};
+use offload_examples::{lifecycle, pattern};
 
 /// Load for a record server: a table of kpps and MB/s.
 #[derive(Parser, Debug)]
@@ -111,19 +111,8 @@ async fn run(args: Args) -> Result<bool, Error> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("record-load: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("record-load: {e}");
-            ExitCode::FAILURE
-        }
+    match lifecycle::block_on("record-load", run(args)) {
+        Some(true) => ExitCode::SUCCESS,
+        _ => ExitCode::FAILURE,
     }
 }

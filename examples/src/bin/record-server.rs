@@ -72,18 +72,8 @@ async fn run(args: Args) -> Result<(), Error> {
 fn main() -> ExitCode {
     let args = Args::parse();
     lifecycle::init_tracing(args.log);
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("record-server: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("record-server: {e}");
-            ExitCode::FAILURE
-        }
+    match lifecycle::block_on("record-server", run(args)) {
+        Some(()) => ExitCode::SUCCESS,
+        None => ExitCode::FAILURE,
     }
 }
