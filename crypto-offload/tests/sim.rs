@@ -482,20 +482,27 @@ fn xts_profile(cpu: (f64, f64), sim: (f64, f64), resume_ns: f64) -> crypto_offlo
     crypto_offload::Profile::from_toml(&text).unwrap()
 }
 
+/// An AES-256-XTS engine `name` that takes `latency` a request (plus 1 ns
+/// a KB) and skips computing results (its costs are what is tested).
+fn xts_engine(name: &str, latency: Duration) -> SimConfig {
+    let mut c = SimConfig::new(
+        name,
+        vec![Algorithm::Cipher(CipherAlg::Aes256Xts)],
+        latency,
+        1e12,
+    );
+    c.compute_results = false;
+    c
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_resume_does_not_teach_the_model_that_the_engine_is_slow() {
     // Each session starts on a suspended device: its first request waits
     // for the resume (and the context's open). That time is the resume's,
     // not the engine's service time, and must not inflate the correction.
     // Costs from a profile, so the test does not depend on the machine.
-    let mut c = SimConfig::new(
-        "sim",
-        vec![Algorithm::Cipher(CipherAlg::Aes256Xts)],
-        Duration::from_millis(2),
-        1e12,
-    );
+    let mut c = xts_engine("sim", Duration::from_millis(2));
     c.timer = SimTimer::Tokio;
-    c.compute_results = false;
     c.power = Some(SimPower {
         resume: Duration::from_millis(6),
         autosuspend: Duration::from_millis(5),
@@ -628,22 +635,22 @@ fn without_a_runtime_live_traffic_reopens_a_tripped_backend() {
         .build()
         .unwrap();
     let (sim, offload) = rt.block_on(async {
-        let mut c = SimConfig::new(
-            "sim",
-            vec![Algorithm::Cipher(CipherAlg::Aes256Xts)],
-            Duration::from_micros(20),
-            1e12,
-        );
         // Results skipped, so the engine is cheaper than the CPU here (the
         // replay on the CPU is what is compared).
-        c.compute_results = false;
+        let c = xts_engine("sim", Duration::from_micros(20));
         let sim = Arc::new(SimEngine::new(c));
         let offload = Offload::builder()
             .backend(sim.clone())
-            .probe_interval(Duration::from_millis(20))
+            // Longer than the 32 MiB replay on the CPU takes with other
+            // tests running (it took > 20 ms: the breaker was half-open
+            // again before it was looked at).
+            .probe_interval(Duration::from_millis(300))
+            // Costs from a profile (calibrated, the choice at 32 MiB moved
+            // with the load of tests running alongside): 33 ms on the CPU,
+            // 20 µs on the engine.
+            .profile(xts_profile((1e3, 1.0), (20e3, 0.0), 0.0))
             .build()
             .unwrap();
-        offload.calibrate().await.unwrap();
         (sim, offload)
     });
     drop(rt);
@@ -675,7 +682,7 @@ fn without_a_runtime_live_traffic_reopens_a_tripped_backend() {
         assert!(offload.backends()[1].unavailable.is_some());
 
         sim.set_gone(false);
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(310));
         assert_eq!(s.backend_for(Direction::Encrypt, len), "sim", "half-open");
         s.encrypt(&[3; 16], pt).await.unwrap();
         let b = offload.backends();
@@ -772,13 +779,7 @@ fn the_blocking_pool_hand_off_is_learned_apart_from_inline_requests() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut c = SimConfig::new(
-            "sim",
-            vec![Algorithm::Cipher(CipherAlg::Aes256Xts)],
-            Duration::from_millis(20),
-            1e12,
-        );
-        c.compute_results = false;
+        let c = xts_engine("sim", Duration::from_millis(20));
         let offload = Offload::builder()
             .backend(Arc::new(SimEngine::new(c)))
             .cores(1)
@@ -829,14 +830,8 @@ async fn a_near_tie_is_explored_and_the_faster_engine_found() {
     // takes 10 ms and `b` 8 ms. Serving only `a` would never correct `b`:
     // Auto must now and then try the near runner-up, learn, and move.
     let engine = |name: &str, ms: u64| {
-        let mut c = SimConfig::new(
-            name,
-            vec![Algorithm::Cipher(CipherAlg::Aes256Xts)],
-            Duration::from_millis(ms),
-            1e15,
-        );
+        let mut c = xts_engine(name, Duration::from_millis(ms));
         c.timer = SimTimer::Tokio;
-        c.compute_results = false;
         Arc::new(SimEngine::new(c))
     };
     let entry = |backend: &str, fixed: f64, share: f64| {
