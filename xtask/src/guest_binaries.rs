@@ -31,13 +31,17 @@ pub const VFIO_PACKAGE: &str = "crypto-offload-vfio";
 /// The extra binary included by default: `offload` from `offload-cli`.
 pub const DEFAULT_BINARY: &str = "offload-cli:offload";
 /// The extra binaries included by default: `offload`, the AF_ALG
-/// mechanism's overhead measurement, and the VFIO completion-spreading
-/// measurement.
-pub const DEFAULT_BINARIES: [&str; 4] = [
+/// mechanism's overhead measurement, the VFIO measurements, and the
+/// example servers with their load generators.
+pub const DEFAULT_BINARIES: [&str; 8] = [
     DEFAULT_BINARY,
     "crypto-offload-benches:af-alg-overhead",
     "crypto-offload-benches:vfio-spread",
     "crypto-offload-benches:vfio-vs-dpdk",
+    "crypto-offload-examples:block-server",
+    "crypto-offload-examples:block-load",
+    "crypto-offload-examples:record-server",
+    "crypto-offload-examples:record-load",
 ];
 
 /// What `cargo metadata --no-deps` says about the workspace.

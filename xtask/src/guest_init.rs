@@ -23,6 +23,11 @@ use crate::qemu::RunKind;
 pub const INIT_SCRIPT: &str = include_str!("../guest/init.sh");
 /// The commands run after the test binaries.
 pub const STEPS: &str = include_str!("../guest/steps");
+/// The example servers under their load generators (a step of the vfio
+/// run), at [`EXAMPLES_PATH`].
+pub const EXAMPLES_SCRIPT: &str = include_str!("../guest/example-servers");
+/// Guest path of [`EXAMPLES_SCRIPT`].
+pub const EXAMPLES_PATH: &str = "/bin/example-servers";
 
 /// Guest path of the insmod order.
 pub const MODULES_PATH: &str = "/etc/vmtest/modules";

@@ -58,9 +58,9 @@ pub struct VmTestArgs {
     #[arg(long = "package", short = 'p', value_name = "P")]
     pub packages: Vec<String>,
     /// Extra binary built --release into the guest's /bin (repeatable)
-    /// [default: offload-cli:offload and
-    /// crypto-offload-benches:af-alg-overhead, crypto-offload-benches:vfio-spread
-    /// and crypto-offload-benches:vfio-vs-dpdk].
+    /// [default: offload-cli:offload, crypto-offload-benches:af-alg-overhead,
+    /// vfio-spread and vfio-vs-dpdk, and crypto-offload-examples:block-server,
+    /// block-load, record-server and record-load].
     #[arg(long = "bin-package", value_name = "P:BIN", default_values = guest_binaries::DEFAULT_BINARIES)]
     pub bin_packages: Vec<BinSpec>,
     /// Skip tests whose names contain NAME (libtest's --skip; repeatable).
@@ -363,6 +363,11 @@ fn pack_initramfs(
             0o644,
         ),
         (STEPS_PATH.to_owned(), guest_init::STEPS.to_owned(), 0o644),
+        (
+            guest_init::EXAMPLES_PATH.to_owned(),
+            guest_init::EXAMPLES_SCRIPT.to_owned(),
+            0o755,
+        ),
     ]);
     if let Some(dpdk) = dpdk {
         generated.extend([
