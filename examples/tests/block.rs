@@ -251,11 +251,8 @@ async fn every_acknowledged_write_survives_kill_9_in_the_middle_of_a_load() {
         .count();
 
     let server = start(&volume, &[]);
-    assert!(
-        server.stderr().contains("recovered after a crash"),
-        "{}",
-        server.stderr()
-    );
+    let said = server.stderr_with("recovered after a crash", Duration::from_secs(10));
+    assert!(said.contains("recovered after a crash"), "{said}");
     let client = BlockClient::connect(server.addr).await.unwrap();
     assert!(!client.stats().await.unwrap().opened_clean);
     let verified = report.ledger.verify(&client).await.unwrap();

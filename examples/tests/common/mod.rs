@@ -14,6 +14,9 @@ pub struct Server {
     /// Where it listens.
     pub addr: SocketAddr,
     stderr: Arc<Mutex<String>>,
+    /// The thread collecting stderr: done once the process has exited and
+    /// the pipe is drained.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -31,7 +34,7 @@ impl Server {
         let stderr = Arc::new(Mutex::new(String::new()));
         let mut err = child.stderr.take().unwrap();
         let collected = stderr.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             while let Ok(n) = err.read(&mut buf) {
                 if n == 0 {
@@ -65,6 +68,7 @@ impl Server {
             child,
             addr,
             stderr,
+            reader: Some(reader),
         }
     }
 
@@ -73,13 +77,28 @@ impl Server {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Its stderr once it contains `needle` (the reader thread may lag the
+    /// `listening on` line on stdout), or as it is after `limit`.
+    pub fn stderr_with(&self, needle: &str, limit: Duration) -> String {
+        let started = Instant::now();
+        loop {
+            let text = self.stderr();
+            if text.contains(needle) || started.elapsed() > limit {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// SIGTERM, then waits (at most 30 s) for the exit.
     pub fn terminate(mut self) -> (ExitStatus, String) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
         let status = self.wait(Duration::from_secs(30));
-        // Let the stderr reader catch the last lines.
-        std::thread::sleep(Duration::from_millis(50));
+        // The process is gone: the reader reaches the pipe's end.
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
         (status, self.stderr())
     }
 
