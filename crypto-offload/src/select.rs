@@ -156,16 +156,17 @@ const EXPLORE_WITHIN: f64 = 1.25;
 /// One decision in this many (per thread) goes to a near runner-up.
 const EXPLORE_EVERY: u32 = 32;
 
-/// Whether this decision explores: every [`EXPLORE_EVERY`]th on this
-/// thread (a thread-local tick, so no shared counter to contend on).
-fn explore_now() -> bool {
+/// Whether this decision explores, and which turn it is: every
+/// [`EXPLORE_EVERY`]th on this thread (a thread-local tick, so no shared
+/// counter to contend on).
+fn explore_turn() -> Option<u32> {
     thread_local! {
         static TICK: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
     }
     TICK.with(|t| {
         let n = t.get().wrapping_add(1);
         t.set(n);
-        n.is_multiple_of(EXPLORE_EVERY)
+        n.is_multiple_of(EXPLORE_EVERY).then_some(n / EXPLORE_EVERY)
     })
 }
 
@@ -203,6 +204,10 @@ pub(crate) struct Prediction {
     /// service time, and is left out of the model (the resume has its own
     /// measurement, taken by the power domain).
     pub(crate) cold: bool,
+    /// Sent to a runner-up to correct its model ([`Inner::runner_up`]):
+    /// always timed, even on the CPU's inline path, which times one request
+    /// in 64.
+    pub(crate) explored: bool,
 }
 
 impl Inner {
@@ -279,6 +284,7 @@ impl Inner {
             base,
             expected: base * (1.0 + waiting),
             cold,
+            explored: false,
         })
     }
 
@@ -374,8 +380,8 @@ impl Inner {
         match predicted {
             Some(p) if self.pinned.is_none() && self.policy == Policy::Latency => {
                 let mut p = self.rent_or_buy(p, alg, dir, len, unit);
-                if explore_now() {
-                    p = self.runner_up(p, alg, dir, len, unit).unwrap_or(p);
+                if let Some(turn) = explore_turn() {
+                    p = self.runner_up(p, alg, dir, len, unit, turn).unwrap_or(p);
                 }
                 (p.slot, Some(p))
             }
@@ -383,15 +389,17 @@ impl Inner {
         }
     }
 
-    /// The warm backend predicted next best after `chosen`, if within
-    /// [`EXPLORE_WITHIN`] of it. A backend's correction learns only from
-    /// the requests it serves, so without this the one a calibration
-    /// happened to favour keeps every request of a size while a near-equal
-    /// rival's model is never put right (measured in the guest: two VFIO
-    /// devices 5% apart at 256 KiB, Auto held the slower one at 0.94 of the
-    /// oracle). One request in [`EXPLORE_EVERY`] of such near ties goes to
-    /// the runner-up, costing at most `(EXPLORE_WITHIN - 1) /
-    /// EXPLORE_EVERY` (under 1%) while it lasts.
+    /// A warm backend other than `chosen` predicted within
+    /// [`EXPLORE_WITHIN`] of it — the `turn`th of them, so that every one
+    /// is tried in turn. A backend's correction learns only from the
+    /// requests it serves, so without this the one a calibration happened
+    /// to favour keeps every request of a size while a near-equal rival's
+    /// model is never put right (measured in the guest: two VFIO devices 5%
+    /// apart at 256 KiB, Auto held the slower one at 0.94 of the oracle; and
+    /// with only the nearest rival tried, the CPU, third, was never
+    /// re-measured at 16 KiB, 0.93). One request in [`EXPLORE_EVERY`] of
+    /// such near ties goes to a rival, costing at most
+    /// `(EXPLORE_WITHIN - 1) / EXPLORE_EVERY` (under 1%) while it lasts.
     fn runner_up(
         &self,
         chosen: Prediction,
@@ -399,12 +407,22 @@ impl Inner {
         dir: Direction,
         len: usize,
         unit: usize,
+        turn: u32,
     ) -> Option<Prediction> {
-        (0..=self.backends.len())
-            .filter(|&slot| slot != chosen.slot)
-            .filter_map(|slot| self.predict(slot, alg, dir, len, unit).ok())
-            .filter(|p| !p.cold && p.latency <= chosen.latency * EXPLORE_WITHIN)
-            .reduce(|b, p| if p.latency < b.latency { p } else { b })
+        let near = || {
+            (0..=self.backends.len())
+                .filter(move |&slot| slot != chosen.slot)
+                .filter_map(move |slot| self.predict(slot, alg, dir, len, unit).ok())
+                .filter(move |p| !p.cold && p.latency <= chosen.latency * EXPLORE_WITHIN)
+        };
+        let n = near().count();
+        if n == 0 {
+            return None;
+        }
+        near().nth(turn as usize % n).map(|p| Prediction {
+            explored: true,
+            ..p
+        })
     }
 
     /// Ski rental for powered-down engines. A cold engine's prediction

@@ -866,3 +866,49 @@ async fn a_near_tie_is_explored_and_the_faster_engine_found() {
         offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn every_near_rival_is_tried_the_cpu_included() {
+    // The profile has the CPU at 12 ms, engine `a` at 10 ms and `b` at
+    // 11 ms; `a` and `b` are right, and the CPU takes microseconds. Trying
+    // only the nearest rival (`b`) would never re-measure the CPU, and
+    // the CPU's inline path times only one request in 64: a request sent to
+    // the CPU to correct its model must be timed, and every near rival
+    // must have its turn.
+    let engine = |name: &str, ms: u64| {
+        let mut c = xts_engine(name, Duration::from_millis(ms));
+        c.timer = SimTimer::Tokio;
+        Arc::new(SimEngine::new(c))
+    };
+    let entry = |backend: &str, fixed: f64, share: f64| {
+        format!(
+            "[[entry]]\nbackend = \"{backend}\"\nalg = \"aes-256-xts\"\ndir = \"encrypt\"\n\
+             fixed_ns = {fixed:?}\nper_byte_ns = 0.0\ncpu_fixed_ns = {:?}\n\
+             cpu_per_byte_ns = 0.0\nparallelism = 1\nresume_ns = 0.0\n",
+            fixed * share
+        )
+    };
+    let profile = entry("cpu", 12e6, 1.0) + &entry("a", 10e6, 0.0) + &entry("b", 11e6, 0.0);
+    let offload = Offload::builder()
+        .backend(engine("a", 10))
+        .backend(engine("b", 11))
+        .profile(crypto_offload::Profile::from_toml(&profile).unwrap())
+        .build()
+        .unwrap();
+    let s = offload
+        .cipher(CipherAlg::Aes256Xts, &key(64))
+        .await
+        .unwrap();
+    let len = 4096;
+    assert_eq!(s.backend_for(Direction::Encrypt, len), "a");
+    let mut buf = vec![0u8; len];
+    for i in 0..300u128 {
+        buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
+    }
+    assert_eq!(
+        s.backend_for(Direction::Encrypt, len),
+        "cpu",
+        "{}",
+        offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
+    );
+}

@@ -244,7 +244,7 @@ pub(crate) fn inline_cpu<T>(
     // Only the Throughput policy weighs the CPU's load.
     let _in_flight = (inner.policy == crate::select::Policy::Throughput)
         .then(|| InFlight::new(&inner.models[0].in_flight));
-    if !sample_now() {
+    if !sample_now() && !predicted.is_some_and(|p| p.explored) {
         return f();
     }
     // Inline, the request does not queue: it is compared with the bare
