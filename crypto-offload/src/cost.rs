@@ -231,6 +231,22 @@ pub(crate) struct Entry {
     /// Observed latency over predicted, smoothed; multiplies the latency.
     correction: AtomicF64,
     samples: AtomicU64,
+    /// The same per size class ([`size_class`]): a linear model's error
+    /// is not one factor at every size, and two backends within a few per
+    /// cent at one size are told apart only by what was seen at that size.
+    /// A class with no sample yet falls back to `correction`.
+    class_correction: [AtomicF64; SIZE_CLASSES],
+    class_samples: [AtomicU64; SIZE_CLASSES],
+}
+
+/// Size classes of the corrections: powers of four from 256 B (below: class
+/// 0) to 16 MiB (and above: the last).
+pub(crate) const SIZE_CLASSES: usize = 10;
+
+/// The size class of a `len`-byte request.
+pub(crate) fn size_class(len: usize) -> usize {
+    let log2 = (usize::BITS - 1 - len.max(1).leading_zeros()) as usize;
+    (log2 / 2).saturating_sub(3).min(SIZE_CLASSES - 1)
 }
 
 /// How fast the correction follows observations (weight of a new sample).
@@ -269,21 +285,42 @@ impl Entry {
             .store(c.operation_len.max(1), Ordering::Relaxed);
         self.op_fixed.set(c.op_fixed_ns.unwrap_or(-1.0));
         self.correction.set(1.0);
+        for n in &self.class_samples {
+            n.store(0, Ordering::Relaxed);
+        }
         self.calibrated.store(true, Ordering::Release);
     }
 
+    /// The correction over all sizes.
     pub(crate) fn correction(&self) -> f64 {
         let c = self.correction.get();
         if c > 0.0 { c } else { 1.0 }
     }
 
-    /// Folds in one completion: it took `observed_ns`; the model, before
-    /// correction, predicted `predicted_ns`.
-    pub(crate) fn observe(&self, predicted_ns: f64, observed_ns: f64) {
+    /// The correction for a `len`-byte request: its size class's once it
+    /// has a sample, else the one over all sizes.
+    pub(crate) fn correction_at(&self, len: usize) -> f64 {
+        let class = size_class(len);
+        if self.class_samples[class].load(Ordering::Relaxed) == 0 {
+            return self.correction();
+        }
+        let c = self.class_correction[class].get();
+        if c > 0.0 { c } else { self.correction() }
+    }
+
+    /// Folds in one completion of a `len`-byte request: it took
+    /// `observed_ns`; the model, before correction, predicted
+    /// `predicted_ns`.
+    pub(crate) fn observe(&self, len: usize, predicted_ns: f64, observed_ns: f64) {
         if predicted_ns <= 0.0 || !self.calibrated.load(Ordering::Acquire) {
             return;
         }
         let ratio = (observed_ns / predicted_ns).clamp(0.05, 50.0);
+        // The class starts from what all sizes say, then follows its own.
+        let class = size_class(len);
+        let c = self.correction_at(len);
+        self.class_correction[class].set(c + EWMA_WEIGHT * (ratio - c));
+        self.class_samples[class].fetch_add(1, Ordering::Relaxed);
         let c = self.correction();
         self.correction.set(c + EWMA_WEIGHT * (ratio - c));
         self.samples.fetch_add(1, Ordering::Relaxed);
@@ -408,6 +445,42 @@ pub(crate) fn ns(d: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_size_class_learns_its_own_correction() {
+        assert_eq!(
+            [
+                0,
+                255,
+                256,
+                1023,
+                1024,
+                4096,
+                16 << 10,
+                1 << 20,
+                16 << 20,
+                usize::MAX
+            ]
+            .map(size_class),
+            [0, 0, 1, 1, 2, 3, 4, 7, 9, 9]
+        );
+        let e = Entry::default();
+        e.set(Cost::new(100.0, 1.0, 0.0, 0.0, 1));
+        // Slower than predicted at 16 KiB only.
+        for _ in 0..50 {
+            e.observe(16 << 10, 1000.0, 1200.0);
+        }
+        assert!((e.correction_at(16 << 10) - 1.2).abs() < 0.01);
+        assert!((e.correction_at(20 << 10) - 1.2).abs() < 0.01, "same class");
+        // Right at 1 KiB: that class moves back to 1, the 16 KiB one stays.
+        for _ in 0..50 {
+            e.observe(1024, 1000.0, 1000.0);
+        }
+        assert!((e.correction_at(1024) - 1.0).abs() < 0.01);
+        assert!((e.correction_at(16 << 10) - 1.2).abs() < 0.01);
+        // A class never seen takes the correction over all sizes.
+        assert_eq!(e.correction_at(1 << 20), e.correction());
+    }
 
     #[test]
     fn the_first_job_sets_the_handoff_and_later_ones_move_it() {

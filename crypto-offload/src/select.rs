@@ -258,7 +258,7 @@ impl Inner {
         } else {
             0.0
         };
-        let service = base * entry.correction() + handoff;
+        let service = base * entry.correction_at(len) + handoff;
         let queued = model.in_flight.load(Ordering::Relaxed) as f64;
         let waiting = if slot == 0 && self.policy != Policy::Throughput {
             // Inline on the calling task: the CPU path does not queue.
@@ -342,12 +342,13 @@ impl Inner {
         slot: usize,
         alg: Algorithm,
         dir: Direction,
+        len: usize,
         expected: f64,
         observed: f64,
     ) {
         self.models[slot]
             .entry(alg, dir)
-            .observe(expected, observed);
+            .observe(len, expected, observed);
         self.refresh_cpu_bound(crate::cost::key(alg, dir));
     }
 

@@ -206,11 +206,12 @@ impl<'a> Dispatch<'a> {
                 // A CPU job dispatched away ran on the blocking pool: what it
                 // took beyond the inline model is the hand-off.
                 let model = &self.inner.models[0];
-                let inline = p.expected * model.entry(self.alg, self.dir).correction();
+                let inline = p.expected * model.entry(self.alg, self.dir).correction_at(self.len);
                 model.observe_handoff(inline, observed);
             } else {
-                self.inner
-                    .observe(self.slot, self.alg, self.dir, p.expected, observed);
+                self.inner.observe(
+                    self.slot, self.alg, self.dir, self.len, p.expected, observed,
+                );
             }
         }
     }
@@ -260,7 +261,7 @@ pub(crate) fn inline_cpu<T>(
     let start = std::time::Instant::now();
     let out = f();
     let observed = start.elapsed().as_nanos() as f64;
-    inner.observe(0, alg, dir, base, observed);
+    inner.observe(0, alg, dir, len, base, observed);
     out
 }
 
