@@ -824,28 +824,34 @@ fn the_blocking_pool_hand_off_is_learned_apart_from_inline_requests() {
     });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_near_tie_is_explored_and_the_faster_engine_found() {
-    // The profile has engine `a` at 9 ms and `b` at 10 ms; in fact `a`
-    // takes 10 ms and `b` 8 ms. Serving only `a` would never correct `b`:
-    // Auto must now and then try the near runner-up, learn, and move.
-    let engine = |name: &str, ms: u64| {
-        let mut c = xts_engine(name, Duration::from_millis(ms));
-        c.timer = SimTimer::Tokio;
-        Arc::new(SimEngine::new(c))
-    };
-    let entry = |backend: &str, fixed: f64, share: f64| {
+/// Runs `requests` 4 KiB AES-256-XTS encryptions under Auto (Latency, on
+/// tokio's paused clock) with the CPU profiled at `cpu_ms` and engines
+/// `(name, profiled ms, real ms)`: which backend took the first request
+/// and which one Auto chooses after them all (with `explain` for a failed
+/// assertion).
+async fn choice_before_and_after(
+    cpu_ms: f64,
+    engines: &[(&str, f64, u64)],
+    requests: u128,
+) -> (String, String, String) {
+    let entry = |backend: &str, ms: f64, share: f64| {
         format!(
             "[[entry]]\nbackend = \"{backend}\"\nalg = \"aes-256-xts\"\ndir = \"encrypt\"\n\
-             fixed_ns = {fixed:?}\nper_byte_ns = 0.0\ncpu_fixed_ns = {:?}\n\
+             fixed_ns = {:?}\nper_byte_ns = 0.0\ncpu_fixed_ns = {:?}\n\
              cpu_per_byte_ns = 0.0\nparallelism = 1\nresume_ns = 0.0\n",
-            fixed * share
+            ms * 1e6,
+            ms * 1e6 * share
         )
     };
-    let profile = entry("cpu", 100e6, 1.0) + &entry("a", 9e6, 0.0) + &entry("b", 10e6, 0.0);
-    let offload = Offload::builder()
-        .backend(engine("a", 10))
-        .backend(engine("b", 8))
+    let mut profile = entry("cpu", cpu_ms, 1.0);
+    let mut builder = Offload::builder();
+    for &(name, profiled, real) in engines {
+        profile += &entry(name, profiled, 0.0);
+        let mut c = xts_engine(name, Duration::from_millis(real));
+        c.timer = SimTimer::Tokio;
+        builder = builder.backend(Arc::new(SimEngine::new(c)));
+    }
+    let offload = builder
         .profile(crypto_offload::Profile::from_toml(&profile).unwrap())
         .build()
         .unwrap();
@@ -854,17 +860,26 @@ async fn a_near_tie_is_explored_and_the_faster_engine_found() {
         .await
         .unwrap();
     let len = 4096;
-    assert_eq!(s.backend_for(Direction::Encrypt, len), "a");
+    let before = s.backend_for(Direction::Encrypt, len).to_owned();
     let mut buf = vec![0u8; len];
-    for i in 0..100u128 {
+    for i in 0..requests {
         buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
     }
-    assert_eq!(
-        s.backend_for(Direction::Encrypt, len),
-        "b",
-        "{}",
-        offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
-    );
+    let after = s.backend_for(Direction::Encrypt, len).to_owned();
+    let why = offload
+        .explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
+        .to_string();
+    (before, after, why)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_near_tie_is_explored_and_the_faster_engine_found() {
+    // The profile has engine `a` at 10 ms and `b` at 12 ms; in fact `a`
+    // takes 10 ms and `b` 6 ms. Serving only `a` would never correct `b`:
+    // Auto must now and then try the near runner-up, learn, and move.
+    let (before, after, why) =
+        choice_before_and_after(100.0, &[("a", 10.0, 10), ("b", 12.0, 6)], 300).await;
+    assert_eq!((before.as_str(), after.as_str()), ("a", "b"), "{why}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -875,40 +890,7 @@ async fn every_near_rival_is_tried_the_cpu_included() {
     // the CPU's inline path times only one request in 64: a request sent to
     // the CPU to correct its model must be timed, and every near rival
     // must have its turn.
-    let engine = |name: &str, ms: u64| {
-        let mut c = xts_engine(name, Duration::from_millis(ms));
-        c.timer = SimTimer::Tokio;
-        Arc::new(SimEngine::new(c))
-    };
-    let entry = |backend: &str, fixed: f64, share: f64| {
-        format!(
-            "[[entry]]\nbackend = \"{backend}\"\nalg = \"aes-256-xts\"\ndir = \"encrypt\"\n\
-             fixed_ns = {fixed:?}\nper_byte_ns = 0.0\ncpu_fixed_ns = {:?}\n\
-             cpu_per_byte_ns = 0.0\nparallelism = 1\nresume_ns = 0.0\n",
-            fixed * share
-        )
-    };
-    let profile = entry("cpu", 12e6, 1.0) + &entry("a", 10e6, 0.0) + &entry("b", 11e6, 0.0);
-    let offload = Offload::builder()
-        .backend(engine("a", 10))
-        .backend(engine("b", 11))
-        .profile(crypto_offload::Profile::from_toml(&profile).unwrap())
-        .build()
-        .unwrap();
-    let s = offload
-        .cipher(CipherAlg::Aes256Xts, &key(64))
-        .await
-        .unwrap();
-    let len = 4096;
-    assert_eq!(s.backend_for(Direction::Encrypt, len), "a");
-    let mut buf = vec![0u8; len];
-    for i in 0..300u128 {
-        buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
-    }
-    assert_eq!(
-        s.backend_for(Direction::Encrypt, len),
-        "cpu",
-        "{}",
-        offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
-    );
+    let (before, after, why) =
+        choice_before_and_after(12.0, &[("a", 10.0, 10), ("b", 11.0, 11)], 300).await;
+    assert_eq!((before.as_str(), after.as_str()), ("a", "cpu"), "{why}");
 }
