@@ -16,7 +16,7 @@ use crate::dma::{DmaBuf, DmaPool};
 use crate::error::Error;
 use crate::protocol::{self, CipherAlgo, DeviceConfig, HEADER_LEN, SESSION_INPUT_LEN};
 use crate::queue::{Burst, Pending, Pendings, Queue, QueueState};
-use crate::request::{Chain, DmaRequest, TABLE_AT};
+use crate::request::{Chain, TABLE_AT};
 use crate::session::CipherSession;
 use crate::transport::{
     ACKNOWLEDGE, DRIVER, DRIVER_OK, F_ACCESS_PLATFORM, F_INDIRECT_DESC, F_VERSION_1, FAILED,
@@ -239,6 +239,14 @@ impl CryptoDevice {
     pub fn set_poll_for(&self, budget: std::time::Duration) {
         let nanos = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
         self.inner.poll_for.store(nanos, Ordering::Relaxed);
+    }
+
+    /// The bytes of its DMA pool (4 MiB behind an IOMMU, one 2 MiB huge
+    /// page otherwise), from which its rings and every request in flight
+    /// are carved: what a caller holding many prepared requests at once
+    /// budgets against ([`CipherSession::request_bytes`]).
+    pub fn pool_bytes(&self) -> usize {
+        self.inner.pool.len()
     }
 
     /// MSI-X interrupts received so far (each can announce many
@@ -858,8 +866,7 @@ impl Inner {
     /// As for [`Inner::enqueue_one`]: whatever was queued is held by the
     /// queue (through the burst) until it completes.
     pub(crate) async fn enqueue_burst(&self, q: &Queue, burst: &Arc<Burst>) -> Result<(), Error> {
-        let n = burst.with_requests(<[DmaRequest]>::len);
-        self.enqueue_with(q, n, |state, mut next| {
+        self.enqueue_with(q, burst.len, |state, mut next| {
             // The burst's lock once per pass, not per request.
             burst.with_requests(|requests| {
                 for r in &requests[next.min(requests.len())..] {

@@ -54,6 +54,8 @@ impl Pending {
 /// [`CipherSession::run_burst`]: crate::CipherSession::run_burst
 pub(crate) struct Burst {
     requests: Mutex<Vec<DmaRequest>>,
+    /// How many requests it has.
+    pub(crate) len: usize,
     left: AtomicUsize,
     /// The device failed (reset, removed) with some still in it.
     failed: AtomicBool,
@@ -64,6 +66,7 @@ pub(crate) struct Burst {
 impl Burst {
     pub(crate) fn new(requests: Vec<DmaRequest>) -> Burst {
         Burst {
+            len: requests.len(),
             left: AtomicUsize::new(requests.len()),
             requests: Mutex::new(requests),
             failed: AtomicBool::new(false),
