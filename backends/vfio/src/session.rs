@@ -10,7 +10,7 @@ use tracing::Instrument;
 use zeroize::Zeroize;
 
 use crate::device::{Inner, MAX_REQUEST};
-use crate::dma::DmaBuf;
+use crate::dma::{DmaBuf, UNIT};
 use crate::error::{Error, Failed};
 use crate::protocol::{self, CipherAlgo};
 use crate::queue::Burst;
@@ -60,6 +60,13 @@ impl CipherSession {
     /// Its mode.
     pub fn algo(&self) -> CipherAlgo {
         self.algo
+    }
+
+    /// The DMA memory one request of `len` bytes takes from the device's
+    /// pool while prepared or in flight (header, IV, status, descriptor
+    /// table and data, in whole pool units).
+    pub fn request_bytes(&self, len: usize) -> usize {
+        Layout::new(self.algo, len).bytes().next_multiple_of(UNIT)
     }
 
     /// Encrypts `buf` with `iv` (the XTS tweak; empty for ECB); the result

@@ -97,25 +97,38 @@ fn cpu_cbc(data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The bursts of `burst` requests of `size` bytes that fit in flight at
-/// once, up to `wanted`: within 1.5 MiB of DMA memory (the pool of a device
-/// without the IOMMU is one 2 MiB huge page; a request takes 256 bytes of
-/// header, IV, status and descriptor table, then its data, in 512-byte
-/// units) and within the 1,024-entry ring. Preparing more would wait for
-/// pool room that never comes.
-fn bursts_for(wanted: usize, burst: usize, size: usize) -> usize {
-    let request = (256 + size).next_multiple_of(512);
-    let by_memory = (3 << 19) / (request * burst.max(1));
+/// The bursts of `burst` requests that fit in flight at once, up to
+/// `wanted`: within three quarters of the device's DMA pool (its rings
+/// live there too; the pool of a device without the IOMMU is one 2 MiB
+/// huge page), each request taking `request_bytes`, and within the
+/// 1,024-entry ring. Preparing more would wait for pool room that never
+/// comes.
+fn bursts_for(wanted: usize, burst: usize, request_bytes: usize, pool_bytes: usize) -> usize {
+    let by_memory = pool_bytes * 3 / 4 / (request_bytes * burst).max(1);
     let by_ring = 1024 / burst.max(1);
     wanted.min(by_memory).min(by_ring).max(1)
 }
 
 /// Ops/s of up to `--bursts` tasks each running bursts of `burst` prepared
 /// requests until `ops` have completed; every output checked once first.
-async fn ours_burst(session: Rc<CipherSession>, size: usize, args: &Args) -> f64 {
+async fn ours_burst(
+    session: Rc<CipherSession>,
+    pool_bytes: usize,
+    size: usize,
+    args: &Args,
+) -> f64 {
     let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
     let expected = cpu_cbc(&data);
-    let bursts = bursts_for(args.bursts, args.burst, size);
+    let bursts = bursts_for(
+        args.bursts,
+        args.burst,
+        session.request_bytes(size),
+        pool_bytes,
+    );
+    eprintln!(
+        "ours, {size} B: {bursts} bursts of {} in flight",
+        args.burst
+    );
     let mut sets = Vec::new();
     for _ in 0..bursts {
         let mut set = Vec::with_capacity(args.burst);
@@ -241,7 +254,7 @@ fn measure(device: &str, args: &Args) -> Vec<(usize, f64, f64)> {
         let mut rows = Vec::new();
         for &size in &args.sizes {
             let irqs = dev.interrupts();
-            let burst = ours_burst(session.clone(), size, args).await;
+            let burst = ours_burst(session.clone(), dev.pool_bytes(), size, args).await;
             let between = dev.interrupts();
             let single = ours_per_request(session.clone(), size, args).await;
             eprintln!(
@@ -408,17 +421,11 @@ fn main() {
     };
 
     println!(
-        "AES-128-CBC encrypt, ops/s, {} ops per size; burst: {} x up to {} in flight ({} at {} B), \
-         1-by-1: {} clients, {} ops",
+        "AES-128-CBC encrypt, ops/s, {} ops per size; burst: {} x up to {} in flight \
+         (fewer where the DMA pool is short), 1-by-1: {} clients, {} ops",
         args.ops,
         args.burst,
         args.bursts,
-        args.sizes
-            .iter()
-            .map(|&size| bursts_for(args.bursts, args.burst, size))
-            .min()
-            .unwrap_or(args.bursts),
-        args.sizes.iter().max().copied().unwrap_or(0),
         args.clients,
         args.single_ops.unwrap_or(args.ops / 10)
     );
