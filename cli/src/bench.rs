@@ -86,7 +86,11 @@ pub struct AlgBench {
     pub auto: Series,
     /// What Auto chose per size (at rest, from `explain`).
     pub auto_choice: Vec<String>,
-    /// The best single backend per size, and its throughput.
+    /// Per size, how many requests Auto sent to each backend while it was
+    /// measured (warm-ups included), in the order of `backends`.
+    pub auto_mix: Vec<Vec<u64>>,
+    /// The best single backend per size, and its throughput: the backend
+    /// that Auto's paired ratio is lowest against.
     pub oracle: Vec<Option<(String, f64)>>,
     /// Auto's throughput over the oracle's, per size.
     pub auto_over_oracle: Vec<Option<f64>>,
@@ -232,6 +236,21 @@ pub async fn measure(
     })
 }
 
+/// Requests each pinned target's backend has served for `auto` so far, in
+/// the order of `targets` (Auto, the last, excluded).
+fn served(auto: &Offload, targets: &[(String, Offload)]) -> Vec<u64> {
+    let backends = auto.backends();
+    targets[..targets.len() - 1]
+        .iter()
+        .map(|(name, _)| {
+            backends
+                .iter()
+                .find(|b| &b.name == name)
+                .map_or(0, |b| b.stats.requests)
+        })
+        .collect()
+}
+
 /// The median, over the rounds in which both ran, of target `a`'s
 /// throughput over target `b`'s: a paired comparison, so that a slow spell
 /// of the host touches both sides of each ratio. `None` with no such round.
@@ -358,10 +377,12 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
         targets.push(("auto".to_owned(), auto.clone()));
         let mut rows: Vec<Vec<Option<Point>>> = vec![Vec::new(); targets.len()];
         let mut paired: Vec<Vec<Option<(f64, usize)>>> = Vec::new();
+        let mut mix: Vec<Vec<u64>> = Vec::new();
         for &size in &sizes {
             if !fits(alg, size) {
                 rows.iter_mut().for_each(|r| r.push(None));
                 paired.push(Vec::new());
+                mix.push(Vec::new());
                 continue;
             }
             // Interleaved rounds, so a drift in the machine's speed touches
@@ -371,6 +392,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
             // Every round's throughput per target, for the paired ratios.
             let mut by_round: Vec<Vec<Option<f64>>> = Vec::new();
             let mut spent = vec![Duration::ZERO; n];
+            let served_before = served(&auto, &targets);
             let round = ROUND.min(time);
             for r in 0.. {
                 // Each round starts with the next target, so that no target
@@ -398,6 +420,13 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                 }
                 by_round.push(this_round);
             }
+            mix.push(
+                served(&auto, &targets)
+                    .iter()
+                    .zip(served_before)
+                    .map(|(after, before)| after - before)
+                    .collect(),
+            );
             // Auto (the last target) over each backend, round by round.
             paired.push(
                 (0..n - 1)
@@ -426,25 +455,22 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
         let mut ratio = Vec::new();
         let mut ratio_rounds = Vec::new();
         for (i, a) in auto_points.iter().enumerate() {
-            let best = backends
-                .iter()
-                .enumerate()
-                .filter_map(|(t, s)| s.points[i].as_ref().map(|p| (t, p.throughput)))
-                .max_by(|x, y| x.1.total_cmp(&y.1));
-            let (r, rounds) = match (a, best) {
-                // The median of the rounds' Auto/oracle ratios where both
-                // ran in the round; the best rounds' ratio otherwise.
-                (Some(a), Some((t, b))) => {
-                    match paired.get(i).and_then(|p| p.get(t).copied().flatten()) {
-                        Some((r, n)) => (Some(r), n),
-                        None => (Some(a.throughput / b), 0),
-                    }
-                }
-                _ => (None, 0),
-            };
-            ratio.push(r);
-            ratio_rounds.push(rounds);
-            oracle.push(best.map(|(t, b)| (backends[t].backend.clone(), b)));
+            // Auto over each backend: the median of the rounds' ratios where
+            // both ran in the round, else the ratio of their best rounds.
+            // The oracle is the backend Auto fares worst against. (Picking
+            // it by best round instead favours the noisiest backend.)
+            let against = backends.iter().enumerate().filter_map(|(t, s)| {
+                let (a, b) = (a.as_ref()?, s.points[i].as_ref()?);
+                let (r, n) = paired
+                    .get(i)
+                    .and_then(|p| p.get(t).copied().flatten())
+                    .unwrap_or((a.throughput / b.throughput, 0));
+                Some((t, b.throughput, r, n))
+            });
+            let worst = against.min_by(|x, y| x.2.total_cmp(&y.2));
+            ratio.push(worst.map(|w| w.2));
+            ratio_rounds.push(worst.map_or(0, |w| w.3));
+            oracle.push(worst.map(|(t, b, ..)| (backends[t].backend.clone(), b)));
         }
         results.push(AlgBench {
             alg: alg.name().to_owned(),
@@ -457,6 +483,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                 points: auto_points,
             },
             auto_choice,
+            auto_mix: mix,
             oracle,
             auto_over_oracle: ratio,
             auto_over_oracle_rounds: ratio_rounds,
@@ -536,6 +563,23 @@ fn print_table(r: &AlgBench) {
         .reduce(f64::min)
     {
         println!("min auto/oracle over sizes: {min:.3}");
+    }
+    // Where Auto split a size's requests, how: the mix is what the
+    // selector did while measured, the choice column what it says at rest.
+    for (i, &size) in r.sizes.iter().enumerate() {
+        let mix = &r.auto_mix[i];
+        let total: u64 = mix.iter().sum();
+        if total == 0 || mix.iter().filter(|&&n| n > 0).count() < 2 {
+            continue;
+        }
+        let shares: Vec<String> = r
+            .backends
+            .iter()
+            .zip(mix)
+            .filter(|(_, n)| **n > 0)
+            .map(|(s, &n)| format!("{} {:.1}%", s.backend, 100.0 * n as f64 / total as f64))
+            .collect();
+        println!("auto's requests at {}: {}", human(size), shares.join(", "));
     }
     if flagged > 0 {
         println!(
