@@ -180,7 +180,7 @@ impl Session {
 }
 
 /// Runs `concurrency` streams of `size`-byte requests for `time` (and at
-/// least 3 requests each).
+/// least one request each), on sessions opened for it.
 pub async fn measure(
     offload: &Offload,
     alg: Algorithm,
@@ -188,28 +188,54 @@ pub async fn measure(
     time: Duration,
     concurrency: usize,
 ) -> Result<Point, Error> {
+    let mut streams = open_streams(offload, alg, concurrency).await?;
+    measure_on(&mut streams, size, time).await
+}
+
+/// `concurrency` sessions of `alg` (at least one), one per stream; each
+/// target keeps its own across a size's rounds, as a server keeps its
+/// sessions: opening one (on a device, a control-queue round trip; the
+/// first request on an engine opens its context) and closing it (the
+/// device's destroy runs on the runtime afterwards) is not what a round
+/// measures, and would land in whichever target's round came next.
+async fn open_streams(
+    offload: &Offload,
+    alg: Algorithm,
+    concurrency: usize,
+) -> Result<Vec<Session>, Error> {
     let first = session(offload, alg).await?;
-    // Warm up: opens the engine context (and resumes the device).
-    let mut warm = first.fork(offload, alg).await?;
+    let mut streams = Vec::new();
+    for _ in 1..concurrency.max(1) {
+        streams.push(first.fork(offload, alg).await?);
+    }
+    streams.insert(0, first);
+    Ok(streams)
+}
+
+/// One round: the `streams` run `size`-byte requests for `time` (and at
+/// least one request each) after a short untimed warm-up.
+async fn measure_on(
+    streams: &mut Vec<Session>,
+    size: usize,
+    time: Duration,
+) -> Result<Point, Error> {
+    let concurrency = streams.len();
+    // Warm up: the first round opens the engine context (and resumes the
+    // device); every round keeps the core busy for a moment first, so that
+    // a target measured right after an idle one (an engine's long waits)
+    // does not start on a core coming out of idle.
+    let warm = streams.first_mut().ok_or("no streams")?;
     let mut buf = warm.once(vec![0u8; size], u64::MAX).await?;
-    // ...and keeps the core busy for a moment first, so that a target
-    // measured right after an idle one (an engine's long waits) does not
-    // start on a core coming out of idle.
     let busy = Instant::now() + WARM_UP.min(time / 10);
     while Instant::now() < busy {
         buf = warm.once(buf, u64::MAX).await?;
     }
     drop(buf);
-    let mut streams = vec![first];
-    for _ in 1..concurrency.max(1) {
-        let s = streams[0].fork(offload, alg).await?;
-        streams.push(s);
-    }
     let cpu = ProcessTime::now();
     let start = Instant::now();
     let deadline = start + time;
     let mut tasks = Vec::new();
-    for (n, mut s) in streams.into_iter().enumerate() {
+    for (n, mut s) in streams.drain(..).enumerate() {
         tasks.push(tokio::spawn(async move {
             let mut buf = vec![n as u8; size];
             let mut count = 0u64;
@@ -217,12 +243,14 @@ pub async fn measure(
                 buf = s.once(buf, count).await?;
                 count += 1;
             }
-            Ok::<u64, Error>(count)
+            Ok::<(u64, Session), Error>((count, s))
         }));
     }
     let mut requests = 0;
     for t in tasks {
-        requests += t.await??;
+        let (count, s) = t.await??;
+        requests += count;
+        streams.push(s);
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = cpu.elapsed().as_nanos() as f64;
@@ -231,7 +259,7 @@ pub async fn measure(
         size,
         requests,
         throughput: bytes / elapsed,
-        latency: elapsed * concurrency.max(1) as f64 / requests as f64,
+        latency: elapsed * concurrency as f64 / requests as f64,
         cpu_ns_per_byte: cpu / bytes.max(1.0),
     })
 }
@@ -393,6 +421,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
             let mut by_round: Vec<Vec<Option<f64>>> = Vec::new();
             let mut spent = vec![Duration::ZERO; n];
             let served_before = served(&auto, &targets);
+            // Each target's sessions, opened in its first round (untimed).
+            let mut open: Vec<Option<Vec<Session>>> = (0..n).map(|_| None).collect();
             let round = ROUND.min(time);
             for r in 0.. {
                 // Each round starts with the next target, so that no target
@@ -410,7 +440,11 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                     let (name, offload) = &targets[t];
                     bar.set_message(format!("{} {name} {}", alg.name(), human(size)));
                     let started = Instant::now();
-                    let p = measure(offload, alg, size, round, args.concurrency).await?;
+                    let streams = match &mut open[t] {
+                        Some(streams) => streams,
+                        empty => empty.insert(open_streams(offload, alg, args.concurrency).await?),
+                    };
+                    let p = measure_on(streams, size, round).await?;
                     spent[t] += started.elapsed();
                     this_round[t] = Some(p.throughput);
                     acc[t] = Some(match acc[t].take() {
