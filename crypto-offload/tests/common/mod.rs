@@ -27,6 +27,8 @@ pub struct Engine {
     pub per_unit: bool,
     /// It takes only lengths (data units) that are multiples of this.
     pub multiple: usize,
+    /// It takes requests of at most this many bytes.
+    pub max: Option<usize>,
     pub requests: Arc<AtomicUsize>,
 }
 
@@ -40,6 +42,7 @@ impl Engine {
             refuse: false,
             per_unit: false,
             multiple: 1,
+            max: None,
             requests: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -54,6 +57,12 @@ impl Engine {
     /// XTS ciphertext stealing).
     pub fn multiple_of(mut self, n: usize) -> Self {
         self.multiple = n;
+        self
+    }
+
+    /// It takes requests of at most `n` bytes (larger ones go elsewhere).
+    pub fn at_most(mut self, n: usize) -> Self {
+        self.max = Some(n);
         self
     }
 
@@ -198,6 +207,9 @@ impl Backend for Engine {
     }
     fn length_multiple(&self, _alg: Algorithm) -> usize {
         self.multiple
+    }
+    fn max_request(&self, _alg: Algorithm) -> Option<usize> {
+        self.max
     }
     async fn open_cipher(
         &self,
