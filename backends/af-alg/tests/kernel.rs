@@ -412,6 +412,140 @@ fn many_requests_in_flight_on_one_session_and_across_sessions() {
     }
 }
 
+/// A small deterministic generator (xorshift64*) for the drop points.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// The process's open file descriptors (each AF_ALG request holds an
+/// operation socket until the kernel is done with it).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Under load (eight tasks on two sessions, on the request threads and
+/// through native AIO), each request is dropped at a random point — after
+/// its first poll, or at a random deadline of up to 2 ms, before or after
+/// the kernel took it — or runs to the end. Those that complete are right;
+/// the dropped ones finish in the kernel and free their sockets (the open
+/// descriptors return to where they were once the sessions are gone); and
+/// the sessions still compute right.
+///
+/// It runs alone in a child process of this test binary: libtest runs the
+/// other tests on parallel threads, and their sockets would come and go in
+/// the process-wide count of descriptors.
+#[test]
+fn requests_dropped_at_random_points_lose_nothing() {
+    if !af_alg() {
+        return;
+    }
+    const ALONE: &str = "AF_ALG_TEST_ALONE";
+    if std::env::var_os(ALONE).is_none() {
+        let name = "requests_dropped_at_random_points_lose_nothing";
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(ALONE, "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "{name} failed alone: {status}");
+        return;
+    }
+    // With the timer, for the deadlines.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let key = [0x5au8; 16];
+    for driver in bindings("cbc(aes)", "skcipher") {
+        // What stays for the process once used (the AIO context, its
+        // reaper) is set up first, outside the count.
+        let warm = Skcipher::bind(Mode::Cbc, driver.as_deref(), &key).unwrap();
+        rt.block_on(warm.crypt_aio(true, &[0; 16], vec![0; 16]))
+            .map_err(|f| f.error)
+            .unwrap();
+        rt.block_on(warm.encrypt(&[0; 16], vec![0; 16]))
+            .map_err(|f| f.error)
+            .unwrap();
+        drop(warm);
+        let before = open_fds();
+        let sessions = [
+            Skcipher::bind(Mode::Cbc, driver.as_deref(), &key).unwrap(),
+            Skcipher::bind(Mode::Cbc, driver.as_deref(), &key).unwrap(),
+        ];
+        let (completed, dropped) = rt.block_on(async {
+            let tasks: Vec<_> = (0..8u64)
+                .map(|t| {
+                    let s = sessions[t as usize % 2].clone();
+                    tokio::spawn(async move {
+                        let mut rng = 0x9e37_79b9_7f4a_7c15 ^ (t + 1);
+                        let (mut completed, mut dropped) = (0, 0);
+                        for i in 0..64u64 {
+                            let len = 16 * (1 + next(&mut rng) as usize % 512);
+                            let plain: Vec<u8> =
+                                (0..len).map(|j| (j as u64 ^ i ^ t) as u8).collect();
+                            let iv = [(i ^ t) as u8; 16];
+                            let mut want = plain.clone();
+                            fb::Cbc::new(&key).unwrap().encrypt(&iv, &mut want).unwrap();
+                            let how = next(&mut rng) % 4;
+                            let deadline = std::time::Duration::from_micros(next(&mut rng) % 2000);
+                            if how == 0 {
+                                let f = s.encrypt(&iv, plain);
+                                let mut f = std::pin::pin!(f);
+                                let waker = std::task::Waker::noop();
+                                let _ = f.as_mut().poll(&mut std::task::Context::from_waker(waker));
+                                dropped += 1;
+                                continue;
+                            }
+                            let r = if how == 1 {
+                                tokio::time::timeout(deadline, s.crypt_aio(true, &iv, plain)).await
+                            } else {
+                                tokio::time::timeout(deadline, s.encrypt(&iv, plain)).await
+                            };
+                            match r {
+                                Err(_) => dropped += 1,
+                                Ok(got) => {
+                                    let got = got.map_err(|f| f.error).unwrap();
+                                    assert!(got == want, "request {i} of task {t}");
+                                    completed += 1;
+                                }
+                            }
+                        }
+                        (completed, dropped)
+                    })
+                })
+                .collect();
+            let (mut completed, mut dropped) = (0, 0);
+            for t in tasks {
+                let (c, d) = t.await.unwrap();
+                completed += c;
+                dropped += d;
+            }
+            for s in &sessions {
+                let mut want = vec![3u8; 4096];
+                fb::Cbc::new(&key)
+                    .unwrap()
+                    .encrypt(&[4; 16], &mut want)
+                    .unwrap();
+                let got = s.encrypt(&[4; 16], vec![3; 4096]).await;
+                assert!(got.map_err(|f| f.error).unwrap() == want);
+            }
+            (completed, dropped)
+        });
+        eprintln!("{driver:?}: {completed} completed, {dropped} dropped");
+        assert!(completed > 0 && dropped > 0);
+        drop(sessions);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while open_fds() > before && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(open_fds(), before, "{driver:?}: sockets leaked");
+    }
+}
+
 #[test]
 fn discovery_lists_the_bound_implementations() {
     if !af_alg() {

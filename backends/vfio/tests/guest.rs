@@ -281,6 +281,118 @@ fn dropped_requests_free_their_memory_only_after_the_device_completes() {
     });
 }
 
+/// A small deterministic generator (xorshift64*) for the drop points.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// How a request of [`requests_dropped_at_random_points_lose_nothing`]
+/// ended.
+#[derive(Debug, Default)]
+struct Ends {
+    completed: usize,
+    dropped: usize,
+}
+
+/// Under load (eight tasks, single requests and bursts on two sessions),
+/// each request is dropped at a random point — after its first poll, or
+/// at a random deadline of up to 2 ms, before or after the device took
+/// it — or runs to the end. Those that complete are right; once the device
+/// has completed the rest, nothing is in flight and every DMA unit is back;
+/// and both sessions still compute right.
+#[test]
+fn requests_dropped_at_random_points_lose_nothing() {
+    on_devices(usize::MAX, async |address, dev| {
+        let idle = dev.dma_units_in_use();
+        let k = key(16, 7);
+        let sessions = [
+            std::sync::Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &k).await.unwrap()),
+            std::sync::Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &k).await.unwrap()),
+        ];
+        let tasks: Vec<_> = (0..8u64)
+            .map(|t| {
+                let s = sessions[t as usize % 2].clone();
+                let k = k.clone();
+                tokio::spawn(async move {
+                    let mut rng = 0x9e37_79b9_7f4a_7c15 ^ (t + 1);
+                    let mut ends = Ends::default();
+                    for i in 0..64u64 {
+                        let len = 16 * (1 + next(&mut rng) as usize % 512);
+                        let plain: Vec<u8> = (0..len).map(|j| (j as u64 ^ i ^ t) as u8).collect();
+                        let iv = [(i ^ t) as u8; 16];
+                        let mut want = plain.clone();
+                        reference(CipherAlgo::AesCbc, true, &k, &iv, &mut want);
+                        let how = next(&mut rng) % 4;
+                        let deadline = std::time::Duration::from_micros(next(&mut rng) % 2000);
+                        if how == 0 {
+                            poll_once_and_drop(s.encrypt(&iv, plain));
+                            ends.dropped += 1;
+                            continue;
+                        }
+                        let got = if how == 1 {
+                            // A burst of four copies of the request.
+                            let mut burst = Vec::new();
+                            for _ in 0..4 {
+                                burst.push(s.prepare(true, &iv, &plain).await.unwrap());
+                            }
+                            let run = s.run_burst(burst);
+                            match tokio::time::timeout(deadline, run).await {
+                                Err(_) => None,
+                                Ok(done) => {
+                                    let done = done.unwrap();
+                                    for r in &done {
+                                        r.result().unwrap();
+                                        let mut out = vec![0; len];
+                                        r.output(&mut out).unwrap();
+                                        assert!(out == want, "burst request {i} of task {t}");
+                                    }
+                                    Some(())
+                                }
+                            }
+                        } else {
+                            match tokio::time::timeout(deadline, s.encrypt(&iv, plain)).await {
+                                Err(_) => None,
+                                Ok(got) => {
+                                    assert!(got.unwrap() == want, "request {i} of task {t}");
+                                    Some(())
+                                }
+                            }
+                        };
+                        match got {
+                            Some(()) => ends.completed += 1,
+                            None => ends.dropped += 1,
+                        }
+                    }
+                    ends
+                })
+            })
+            .collect();
+        let mut ends = Ends::default();
+        for t in tasks {
+            let e = t.await.unwrap();
+            ends.completed += e.completed;
+            ends.dropped += e.dropped;
+        }
+        eprintln!("{address}: {ends:?}");
+        assert!(ends.dropped > 0 && ends.completed > 0, "{ends:?}");
+        // The device completes what was dropped; then all is returned.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while dev.in_flight() > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(dev.in_flight(), 0, "completions never came");
+        assert_eq!(dev.dma_units_in_use(), idle, "DMA memory leaked");
+        for s in &sessions {
+            let mut want = vec![3u8; 4096];
+            reference(CipherAlgo::AesCbc, true, &k, &[4; 16], &mut want);
+            assert!(s.encrypt(&[4; 16], vec![3; 4096]).await.unwrap() == want);
+        }
+    });
+}
+
 #[test]
 fn bad_input_is_a_typed_error_with_the_buffer_back() {
     on_devices(1, async |_address, dev| {
