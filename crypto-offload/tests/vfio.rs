@@ -217,12 +217,18 @@ fn a_device_reset_mid_burst_completes_every_request_on_the_cpu() {
                 })
             })
             .collect();
-        let mut in_flight = 0;
-        let loaded = until(10, || {
-            in_flight = device.in_flight();
-            in_flight >= 16
-        })
-        .await;
+        // Sampled between yields, not every 50 ms: the 128 requests take the
+        // device ~0.1 s in all, and on a loaded host one coarse sample had
+        // come after they had all completed (CI of cdf4fc9 with other
+        // builds running: "0 in the device").
+        let start = std::time::Instant::now();
+        let (loaded, in_flight) = loop {
+            let in_flight = device.in_flight();
+            if in_flight >= 16 || start.elapsed().as_secs() >= 10 {
+                break (in_flight >= 16, in_flight);
+            }
+            tokio::task::yield_now().await;
+        };
         device.reset().unwrap();
         assert!(loaded, "fewer than 16 requests in the device at the reset: {in_flight}");
         let reference = Offload::builder().build().unwrap();
