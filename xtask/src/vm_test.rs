@@ -63,12 +63,36 @@ pub struct VmTestArgs {
     /// block-load, record-server and record-load].
     #[arg(long = "bin-package", value_name = "P:BIN", default_values = guest_binaries::DEFAULT_BINARIES)]
     pub bin_packages: Vec<BinSpec>,
+    /// A prebuilt executable for the guest's /bin, as `NAME=PATH`
+    /// (repeatable): built outside the workspace, as the fuzz targets are
+    /// (`fuzz/build-guest`); its libraries come along as the others'.
+    #[arg(long = "bin-file", value_name = "NAME=PATH", value_parser = parse_bin_file)]
+    pub bin_files: Vec<GuestBinary>,
     /// Skip tests whose names contain NAME (libtest's --skip; repeatable).
     #[arg(long, value_name = "NAME")]
     pub skip: Vec<String>,
     /// Accelerator: auto tries KVM and falls back to TCG.
     #[arg(long, value_enum, default_value_t = AccelPolicy::Auto)]
     pub accel: AccelPolicy,
+}
+
+/// `--bin-file NAME=PATH`: the file must exist (a missing one would only
+/// show up as a skipped step in the guest).
+fn parse_bin_file(spec: &str) -> Result<GuestBinary, String> {
+    let (name, path) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=PATH, got {spec:?}"))?;
+    if name.is_empty() || name.contains('/') {
+        return Err(format!("{name:?} is not a file name"));
+    }
+    let host_path = PathBuf::from(path);
+    if !host_path.is_file() {
+        return Err(format!("{path}: no such file"));
+    }
+    Ok(GuestBinary {
+        name: name.to_owned(),
+        host_path,
+    })
 }
 
 /// `--run`: one run or all.
@@ -194,6 +218,7 @@ pub fn run(args: &VmTestArgs) -> Result<Verdict> {
         .bin_packages
         .iter()
         .map(|spec| guest_binaries::build_release_bin(&cargo, &workspace, spec))
+        .chain(args.bin_files.iter().cloned().map(Ok))
         .collect::<Result<Vec<_>>>()?;
     phases.push(("build", phase.elapsed()));
 
@@ -409,6 +434,18 @@ fn pack_initramfs(
 mod tests {
     use super::*;
     use crate::guest_binaries::{AF_ALG_PACKAGE, FALLBACK_PACKAGE, Package, VFIO_PACKAGE};
+
+    #[test]
+    fn bin_files_need_a_name_and_an_existing_file() {
+        let exe = std::env::current_exe().unwrap();
+        let spec = format!("fuzz-cipher={}", exe.display());
+        let bin = parse_bin_file(&spec).unwrap();
+        assert_eq!((bin.name.as_str(), bin.host_path), ("fuzz-cipher", exe));
+        assert!(parse_bin_file("no-equals-sign").is_err());
+        assert!(parse_bin_file("a/b=/bin/sh").is_err());
+        assert!(parse_bin_file("=/bin/sh").is_err());
+        assert!(parse_bin_file("x=/no/such/file").is_err());
+    }
 
     fn workspace(packages: &[&str]) -> Workspace {
         Workspace {
