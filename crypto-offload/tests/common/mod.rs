@@ -243,3 +243,19 @@ impl Engine {
         }
     }
 }
+
+/// A request buffer whose release can be watched: a `BytesMut` sharing its
+/// allocation with a one-byte `Bytes` kept by the test. The crate's
+/// `Buffer` trait is sealed (only `Vec<u8>` and `BytesMut`), so a type that
+/// counts its own drops cannot be handed in; instead, `split_to` makes the
+/// two halves share one reference-counted allocation (documented as O(1),
+/// no copy), and the kept half is unique exactly when the request's half is
+/// gone — freed, or copied away by a reallocation (appending a GCM tag to a
+/// buffer without room). Use it only on buffers the test does not keep.
+pub fn tracked(data: &[u8]) -> (bytes::BytesMut, bytes::Bytes) {
+    let mut whole = bytes::BytesMut::with_capacity(data.len() + 1);
+    whole.extend_from_slice(&[0]);
+    whole.extend_from_slice(data);
+    let kept = whole.split_to(1).freeze();
+    (whole, kept)
+}
