@@ -14,6 +14,11 @@
 //! thread is held while the "device" works, and tests on tokio's paused
 //! clock are exact and instant.
 //!
+//! A request whose future is dropped is still finished by the device, which
+//! keeps its queue slot, power reference and buffer until the modelled
+//! completion, as a DMA engine must ([`SimEngine::in_flight`] counts them,
+//! [`SimEngine::idle`] waits for them).
+//!
 //! It has a [`PowerDomain`] (resume latency, autosuspend) whose reference its
 //! contexts hold — or, in `per_request` mode, each request takes and drops,
 //! as the OMAP AES driver did before it was fixed — and fault injection:
@@ -394,6 +399,39 @@ impl SimEngine {
         self.shared.requests.load(Ordering::Relaxed)
     }
 
+    /// Requests holding a slot on the device now: submitted and not yet
+    /// completed, including those whose request future was dropped (the
+    /// device still finishes them, and keeps their buffers until then).
+    /// Requests waiting for a free slot are not counted. A slot that is
+    /// never given back shows here, so tests of cancellation watch it
+    /// return to 0.
+    pub fn in_flight(&self) -> usize {
+        let c = &self.shared.config;
+        c.queues * c.queue_depth - self.shared.slots.available_permits()
+    }
+
+    /// Waits until the device holds no request ([`in_flight`] is 0): every
+    /// request submitted so far has completed, and the buffers of those
+    /// whose request futures were dropped have been freed. Requests
+    /// submitted meanwhile wait behind it (the slots are handed out in
+    /// order). For tests: the signal that the device is done, where a
+    /// sleep would only guess.
+    ///
+    /// [`in_flight`]: Self::in_flight
+    pub async fn idle(&self) {
+        let c = &self.shared.config;
+        let mut all = c.queues * c.queue_depth;
+        let mut taken = Vec::new();
+        while all > 0 {
+            let n = u32::try_from(all).unwrap_or(u32::MAX);
+            match self.shared.slots.acquire_many(n).await {
+                Ok(p) => taken.push(p),
+                Err(_) => return,
+            }
+            all -= n as usize;
+        }
+    }
+
     /// Makes the device vanish (or come back), as a hot-unplug would.
     pub fn set_gone(&self, gone: bool) {
         self.shared.gone.store(gone, Ordering::Relaxed);
@@ -471,7 +509,7 @@ impl Shared {
     async fn run<T: Default>(
         self: &Arc<Self>,
         power: &Option<PowerRef>,
-        mut buf: IoBuf,
+        buf: IoBuf,
         compute: impl FnOnce(&mut [u8]) -> Result<T, fb::Error>,
     ) -> Result<(IoBuf, T), Failed> {
         if self.gone.load(Ordering::Relaxed) {
@@ -494,17 +532,12 @@ impl Shared {
         spin(self.config.submit_cpu);
         let fate = self.fate();
         let (queue, done) = self.schedule(buf.len());
-        let mut in_flight = InFlight {
-            hold,
-            permit: Some(permit),
-            done,
-            finished: false,
-        };
         if matches!(fate, Fate::Gone) {
-            in_flight.finished = true;
             return Err(Failed::new(BackendError::DeviceGone, buf));
         }
         let hung = matches!(fate, Fate::Hang);
+        // The device holds the request (and, like a DMA, its buffer) until
+        // its completion, or until its own deadline for one that hangs.
         let wake = if hung {
             Instant::now() + self.config.faults.timeout
         } else {
@@ -513,13 +546,16 @@ impl Shared {
         // Per-request power is released by the request itself, synchronously,
         // once the device has let go of its clone at the completion. If the
         // request is cancelled, that clone keeps the device up until then.
-        let own = if per_request {
-            in_flight.hold.clone()
-        } else {
-            None
-        };
-        match &self.devices.get(queue) {
+        let own = if per_request { hold.clone() } else { None };
+        let held = (hold, Some(permit));
+        let mut buf = match &self.devices.get(queue) {
             None => {
+                let in_flight = InFlight {
+                    held,
+                    buf,
+                    until: wake,
+                    finished: false,
+                };
                 tokio::time::sleep_until(wake).await;
                 if !hung {
                     let _irq = self.queues[queue]
@@ -528,18 +564,22 @@ impl Shared {
                         .unwrap_or_else(|p| p.into_inner());
                     spin(self.config.completion_cpu);
                 }
-                drop(in_flight.take());
+                in_flight.complete()
             }
             Some(device) => {
-                // The device thread keeps the request's power and slot until
-                // the completion, even if this future is dropped.
-                in_flight.finished = true;
-                let rx = device.submit(wake.into_std(), hung, in_flight.take());
-                if rx.await.is_err() {
+                // The device thread keeps the request's power, slot and
+                // buffer until the completion, even if this future is
+                // dropped; the buffer is then freed there.
+                let dma = Arc::new(Mutex::new(buf));
+                let rx = device.submit(wake.into_std(), hung, held, dma.clone());
+                let answered = rx.await.is_ok();
+                let buf = core::mem::replace(&mut *lock(&dma), IoBuf::from(Vec::new()));
+                if !answered {
                     return Err(Failed::new(BackendError::DeviceGone, buf));
                 }
+                buf
             }
-        }
+        };
         if let Some(r) = own {
             r.put_sync().await;
         }
@@ -567,21 +607,28 @@ impl Shared {
     }
 }
 
-/// What a request holds while the "device" works on it. If the request is
-/// cancelled, the device still finishes: the power reference and the queue
-/// slot stay taken until the modelled completion, as a DMA would keep them.
+/// What a request holds while the "device" works on it (with
+/// [`SimTimer::Tokio`]). If the request is cancelled, the device still
+/// finishes: the buffer, the power reference and the queue slot stay taken
+/// until the modelled completion, as a DMA would keep them; the buffer is
+/// freed first, so that a free slot means its buffer is gone too.
 struct InFlight {
-    hold: Option<PowerRef>,
-    permit: Option<OwnedSemaphorePermit>,
-    done: Instant,
+    held: Held,
+    buf: IoBuf,
+    until: Instant,
     finished: bool,
 }
 
+/// A request's power reference and queue slot.
+type Held = (Option<PowerRef>, Option<OwnedSemaphorePermit>);
+
 impl InFlight {
-    /// The held resources, leaving this one finished.
-    fn take(&mut self) -> (Option<PowerRef>, Option<OwnedSemaphorePermit>) {
+    /// The device completed the request: it lets go of the power and the
+    /// slot, and hands the buffer back.
+    fn complete(mut self) -> IoBuf {
         self.finished = true;
-        (self.hold.take(), self.permit.take())
+        drop(core::mem::take(&mut self.held));
+        core::mem::replace(&mut self.buf, IoBuf::from(Vec::new()))
     }
 }
 
@@ -590,14 +637,22 @@ impl Drop for InFlight {
         if self.finished {
             return;
         }
-        let (hold, permit, done) = (self.hold.take(), self.permit.take(), self.done);
+        let held = core::mem::take(&mut self.held);
+        let buf = core::mem::replace(&mut self.buf, IoBuf::from(Vec::new()));
+        let until = self.until;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                tokio::time::sleep_until(done).await;
-                drop((hold, permit));
+                tokio::time::sleep_until(until).await;
+                drop(buf);
+                drop(held);
             });
         }
     }
+}
+
+/// The lock of a request's buffer shared with the device thread.
+fn lock(dma: &Mutex<IoBuf>) -> std::sync::MutexGuard<'_, IoBuf> {
+    dma.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A queue's completion thread (`SimTimer::Device`): it sleeps until each
@@ -618,7 +673,10 @@ struct DeviceState {
 struct Completion {
     done: std::time::Instant,
     hung: bool,
-    held: (Option<PowerRef>, Option<OwnedSemaphorePermit>),
+    held: Held,
+    /// The request's buffer, shared with the request: if the request was
+    /// dropped, the device's is the last reference and frees it.
+    dma: Arc<Mutex<IoBuf>>,
     tx: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -647,7 +705,8 @@ impl Device {
         &self,
         done: std::time::Instant,
         hung: bool,
-        held: (Option<PowerRef>, Option<OwnedSemaphorePermit>),
+        held: Held,
+        dma: Arc<Mutex<IoBuf>>,
     ) -> tokio::sync::oneshot::Receiver<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let mut state = self.lock();
@@ -664,6 +723,7 @@ impl Device {
                     done,
                     hung,
                     held,
+                    dma,
                     tx,
                 },
             );
@@ -697,6 +757,9 @@ impl Device {
                     if !c.hung {
                         spin(completion_cpu);
                     }
+                    // A dropped request's buffer goes before its slot, so
+                    // that a free slot means its buffer is gone too.
+                    drop(c.dma);
                     drop(c.held);
                     let _ = c.tx.send(());
                     state = self.lock();

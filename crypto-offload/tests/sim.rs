@@ -3,6 +3,8 @@
 //! and the tests instant. Throughput ratios are measured by `offload bench`
 //! and the benches, not here.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -130,6 +132,78 @@ async fn a_cancelled_request_keeps_the_device_powered_until_it_completes() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!sim.power_stats().powered);
     assert_eq!(sim.power_stats().resumes, 1);
+}
+
+/// An engine with `latency`, pinned, and an AES-128-CTR session on it.
+async fn ctr_on(
+    timer: SimTimer,
+    latency: Duration,
+) -> (Arc<SimEngine>, crypto_offload::CipherSession) {
+    let mut c = SimConfig::new(
+        "sim",
+        vec![Algorithm::Cipher(CipherAlg::Aes128Ctr)],
+        latency,
+        1e12,
+    );
+    c.timer = timer;
+    let sim = Arc::new(SimEngine::new(c));
+    let offload = Offload::builder()
+        .backend(sim.clone())
+        .pin("sim")
+        .build()
+        .unwrap();
+    let s = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    (sim, s)
+}
+
+/// A dropped request's buffer stays with the device until the modelled
+/// completion, as a DMA engine's must (freeing it earlier is what lets a
+/// device write into reused memory), and so does its queue slot; then both
+/// are given back. Here on tokio timers; below on the device threads.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_request_parks_its_buffer_until_the_device_completes() {
+    let (sim, s) = ctr_on(SimTimer::Tokio, Duration::from_millis(10)).await;
+    let start = tokio::time::Instant::now();
+    let (buf, kept) = common::tracked(&[7u8; 4096]);
+    let request = s.encrypt(&[0; 16], buf);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), request)
+            .await
+            .is_err()
+    );
+    assert!(!kept.is_unique(), "the buffer was freed under the device");
+    assert_eq!(sim.in_flight(), 1);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(!kept.is_unique(), "freed before the completion");
+    sim.idle().await;
+    assert!(start.elapsed() >= Duration::from_millis(10));
+    assert!(kept.is_unique(), "the buffer was never freed");
+    assert_eq!(sim.in_flight(), 0);
+    // The session goes on.
+    let (buf, _) = common::tracked(&[7u8; 64]);
+    assert_eq!(s.encrypt(&[0; 16], buf).await.unwrap().len(), 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_request_parks_its_buffer_on_the_device_thread_too() {
+    // 200 ms of modelled latency against a 1 ms deadline: the checks right
+    // after the drop have that much margin on a loaded machine.
+    let (sim, s) = ctr_on(SimTimer::Device, Duration::from_millis(200)).await;
+    let (buf, kept) = common::tracked(&[7u8; 4096]);
+    let request = s.encrypt(&[0; 16], buf);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), request)
+            .await
+            .is_err()
+    );
+    assert!(!kept.is_unique(), "the buffer was freed under the device");
+    assert_eq!(sim.in_flight(), 1);
+    sim.idle().await;
+    assert!(kept.is_unique(), "the buffer was never freed");
+    assert_eq!(sim.in_flight(), 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -136,8 +136,9 @@ impl AeadSession {
     ///
     /// # Errors
     /// [`Error::Authentication`] if the tag does not verify: the buffer in
-    /// the [`RequestError`] is then all zeros. [`Error::TagLength`] if `buf`
-    /// is shorter than a tag; [`Error::IvLength`] as for `seal`.
+    /// the [`RequestError`] is then all zeros, shortened by the tag as a
+    /// plaintext would be. [`Error::TagLength`] if `buf` is shorter than a
+    /// tag; [`Error::IvLength`] as for `seal`.
     ///
     /// # Cancel safety
     /// As for [`seal`](Self::seal). No plaintext is ever observable before

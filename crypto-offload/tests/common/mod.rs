@@ -243,3 +243,74 @@ impl Engine {
         }
     }
 }
+
+/// A request buffer whose release can be watched: a `BytesMut` sharing its
+/// allocation with a one-byte `Bytes` kept by the test. The crate's
+/// `Buffer` trait is sealed (only `Vec<u8>` and `BytesMut`), so a type that
+/// counts its own drops cannot be handed in; instead, `split_to` makes the
+/// two halves share one reference-counted allocation (documented as O(1),
+/// no copy), and the kept half is unique exactly when the request's half is
+/// gone — freed, or copied away by a reallocation (appending a GCM tag to a
+/// buffer without room). Use it only on buffers the test does not keep.
+pub fn tracked(data: &[u8]) -> (bytes::BytesMut, bytes::Bytes) {
+    let mut whole = bytes::BytesMut::with_capacity(data.len() + 1);
+    whole.extend_from_slice(&[0]);
+    whole.extend_from_slice(data);
+    let kept = whole.split_to(1).freeze();
+    (whole, kept)
+}
+
+/// This process's peak resident set so far (`VmHWM`), in KiB; 0 where
+/// `/proc` does not say.
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A cost profile for simulated engines against the CPU: every engine at
+/// `engine_ns` a request (its parallelism and queue depth its queues and
+/// slots, 1% of that in CPU time), the CPU at `cpu_ns`, for every algorithm
+/// the engines run. Tests that want Auto to keep engines busy profile the
+/// CPU slower than it is: its online correction moves it at most 20x.
+pub fn profile(
+    engines: &[&crypto_offload::SimEngine],
+    engine_ns: f64,
+    cpu_ns: f64,
+) -> crypto_offload::Profile {
+    let mut text = String::new();
+    let mut entry = |backend: &str, alg: Algorithm, ns: f64, cpu: f64, par: usize, depth: usize| {
+        let dirs: &[&str] = match alg {
+            Algorithm::Crc(_) => &["encrypt"],
+            _ => &["encrypt", "decrypt"],
+        };
+        for dir in dirs {
+            text += &format!(
+                "[[entry]]\nbackend = \"{backend}\"\nalg = \"{}\"\ndir = \"{dir}\"\n\
+                 fixed_ns = {ns:?}\nper_byte_ns = 0.0\ncpu_fixed_ns = {:?}\n\
+                 cpu_per_byte_ns = 0.0\nparallelism = {par}\nqueue_depth = {depth}\n",
+                alg.name(),
+                ns * cpu,
+            );
+        }
+    };
+    for alg in Algorithm::all() {
+        if !engines.iter().any(|e| e.config().algorithms.contains(&alg)) {
+            continue;
+        }
+        entry("cpu", alg, cpu_ns, 1.0, 1, u32::MAX as usize);
+        for e in engines {
+            let c = e.config();
+            if c.algorithms.contains(&alg) {
+                let slots = c.queues * c.queue_depth;
+                entry(&c.name, alg, engine_ns, 0.01, c.queues, slots);
+            }
+        }
+    }
+    crypto_offload::Profile::from_toml(&text).unwrap()
+}
