@@ -283,7 +283,7 @@ async fn check_subject(
             case.detached
         )
     };
-    let session = match s.offload.aead(case.alg, case.key).await {
+    let session = match s.offload().aead(case.alg, case.key).await {
         Ok(_) if case.key.len() != case.alg.key_len() => mismatch(
             &s.name,
             alg,

@@ -197,7 +197,7 @@ async fn check_subject(s: &Subject, case: &Case<'_>, expect: &Expect) {
             format_args!("{what} (unit {:?})", case.unit),
         )
     };
-    let session = match (s.offload.cipher(alg, case.key).await, expect) {
+    let session = match (s.offload().cipher(alg, case.key).await, expect) {
         (Err(Error::KeyLength { .. }), Expect::KeyLength)
         | (Err(Error::WeakKey { .. }), Expect::WeakKey) => return,
         (Err(e), _) => fail(format_args!("opening the session: {e}, want {expect:?}")),

@@ -102,7 +102,7 @@ fn expected(case: &Case, input: &Input) -> Vec<(u64, usize)> {
 
 async fn check_subject(s: &Subject, case: &Case, input: &Input, want: &[(u64, usize)]) {
     let alg = case.alg;
-    let mut session = match s.offload.crc(alg).await {
+    let mut session = match s.offload().crc(alg).await {
         Ok(session) => session,
         Err(e) => mismatch(
             &s.name,

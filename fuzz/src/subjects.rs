@@ -15,7 +15,8 @@
 //! * `auto`: `Offload::discover()`'s backends — AF_ALG engines and VFIO
 //!   devices when built with the `af-alg` / `vfio` features and run where
 //!   they exist — plus a second simulated engine, with the selector choosing
-//!   per request;
+//!   per request (a fresh model per input when there is no real engine:
+//!   see [`Subject::offload`]);
 //! * `<engine> (pinned)`: each engine `discover()` found, pinned.
 //!
 //! Only the CPU-only builds run without a clock: the simulated engines wait
@@ -43,6 +44,8 @@ pub struct Subject {
     /// Shorter requests are not run here: they would take a path another
     /// subject already covers (`cpu-split` is the plain CPU below 64 KiB).
     pub min_len: usize,
+    /// Makes a new `Offload` for every input instead (see [`Subject::offload`]).
+    pub fresh: Option<Box<dyn Fn() -> Offload + Send + Sync>>,
 }
 
 impl Subject {
@@ -52,6 +55,23 @@ impl Subject {
             name: name.into(),
             offload,
             min_len: 0,
+            fresh: None,
+        }
+    }
+
+    /// The `Offload` to open this input's sessions on: the subject's own,
+    /// or for Auto over simulated engines only, a new one with the
+    /// profile's model. The selector learns from what requests take, and on
+    /// the paused clock a simulated engine's completions are rounded up to
+    /// tokio's millisecond: a long-lived Auto learns within some 10,000
+    /// inputs that the engine is slow and then sends it nothing (measured).
+    /// A fresh model per input routes by size as the profile says (the CPU
+    /// below about 1 KiB, the engine above), which also makes each input's
+    /// routing independent of the inputs before it, so crashes reproduce.
+    pub fn offload(&self) -> Offload {
+        match &self.fresh {
+            Some(make) => make(),
+            None => self.offload.clone(),
         }
     }
 
@@ -235,10 +255,27 @@ async fn build_subjects() -> Vec<Subject> {
         .filter(|b| !matches!(b.kind, BackendKind::Cpu | BackendKind::Simulated))
         .map(|b| b.name)
         .collect();
-    if !found.is_empty() {
+    if found.is_empty() {
+        // Only the CPU and the simulated engine: a fresh model per input
+        // (see `Subject::offload`), sharing the engine.
+        let engine = plain_engine("sim:auto");
+        let profile = auto_profile("sim:auto");
+        let make = move || {
+            Offload::builder()
+                .backend(engine.clone())
+                .profile(profile.clone())
+                .build()
+                .expect("Auto over the CPU and a simulated engine")
+        };
+        subjects.push(Subject {
+            fresh: Some(Box::new(make)),
+            ..Subject::new("auto", auto)
+        });
+    } else {
+        // Real engines are measured once; Auto then learns as in service.
         auto.calibrate().await.expect("calibration");
+        subjects.push(Subject::new("auto", auto));
     }
-    subjects.push(Subject::new("auto", auto));
     for name in found {
         // A second discovery, pinned: AF_ALG engines open again; a VFIO
         // device the first discovery holds may not, and is then fuzzed only
