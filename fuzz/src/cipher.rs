@@ -229,12 +229,12 @@ async fn check_subject(s: &Subject, case: &Case<'_>, expect: &Expect) {
             if buf != case.data {
                 fail(format_args!("the refused buffer came back changed"));
             }
-            if l != if *expect == Expect::IvLength {
-                case.iv.len()
-            } else {
-                len
-            } {
-                fail(format_args!("the error names length {l}"));
+            let named = match expect {
+                Expect::IvLength => case.iv.len(),
+                _ => len,
+            };
+            if l != named {
+                fail(format_args!("the error names length {l}, not {named}"));
             }
             return;
         }
