@@ -255,7 +255,11 @@ pub fn check(h: &Harness, input: &Input) {
         },
         _ => None,
     };
-    for s in h.subjects.iter().filter(|s| s.runs(case.pt.len())) {
+    for s in h
+        .subjects
+        .iter()
+        .filter(|s| s.runs(case.alg, case.pt.len()))
+    {
         h.block_on(check_subject(
             s,
             &case,

@@ -180,7 +180,11 @@ pub async fn request(
 pub fn check(h: &Harness, input: &Input) {
     let case = Case::new(input);
     let expect = case.expect();
-    for s in h.subjects.iter().filter(|s| s.runs(case.data.len())) {
+    for s in h
+        .subjects
+        .iter()
+        .filter(|s| s.runs(case.alg, case.data.len()))
+    {
         h.block_on(check_subject(s, &case, &expect));
     }
 }

@@ -76,7 +76,11 @@ impl Case {
 pub fn check(h: &Harness, input: &Input) {
     let case = Case::new(input);
     let want = expected(&case, input);
-    for s in h.subjects.iter().filter(|s| s.runs(case.data.len())) {
+    for s in h
+        .subjects
+        .iter()
+        .filter(|s| s.runs(case.alg, case.data.len()))
+    {
         h.block_on(check_subject(s, &case, input, &want));
     }
     check_combine(&case);
