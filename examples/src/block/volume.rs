@@ -14,7 +14,8 @@
 //! that is not current, with the next sequence number, and only then becomes
 //! current; the current slot is never written over. If the process dies
 //! (or the machine loses power) in the middle, the half-written slot fails
-//! its CRC and the previous version is still whole in the other slot.
+//! its CRC and the previous version is still whole in the other slot (a
+//! block whose first write was cut short reads as never written: zeros).
 //!
 //! **Corruption is reported, never returned.** A read verifies the slot's
 //! CRC-32C before decrypting; a mismatch is [`VolumeError::Corrupt`].
@@ -746,9 +747,12 @@ fn scan(
                 [] => None,
                 [newest, rest @ ..] => {
                     // After a crash the newest slot may be a write that never
-                    // finished: keep the previous version instead. After a
-                    // clean close it can only be corruption, which reads report.
-                    if !clean && crc(newest.2) != newest.3 && !rest.is_empty() {
+                    // finished: keep the previous version instead — none if
+                    // it was the block's first write, which was never
+                    // acknowledged, and the block reads as never written.
+                    // After a clean close it can only be corruption, which
+                    // reads report.
+                    if !clean && crc(newest.2) != newest.3 {
                         torn += 1;
                         rest.first()
                     } else {
@@ -859,6 +863,29 @@ mod tests {
         // The next write goes over the torn slot, never over the good one.
         v.write(7, block(3)).await.unwrap();
         assert_eq!(v.read(7).await.unwrap(), block(3));
+    }
+
+    #[tokio::test]
+    async fn a_torn_first_write_after_a_crash_leaves_the_block_unwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vol");
+        let key = VolumeKey::generate().unwrap();
+        let v = open(&path, &key).await;
+        v.write(4, block(1)).await.unwrap(); // seq 1, slot 0: its only version
+        v.write(5, block(2)).await.unwrap();
+        drop(v); // no close: a crash
+        flip(&path, 4, 0); // the first write, half-written
+        let v = open(&path, &key).await;
+        assert_eq!(v.opened().torn_discarded, 1);
+        assert_eq!(v.opened().written, 1);
+        assert_eq!(v.read(4).await.unwrap(), vec![0u8; 4096]);
+        assert_eq!(v.read(5).await.unwrap(), block(2));
+        // Written again, over the torn slot; whole after a clean close.
+        v.write(4, block(3)).await.unwrap();
+        v.close().await.unwrap();
+        let v = open(&path, &key).await;
+        assert_eq!(v.opened().torn_discarded, 0);
+        assert_eq!(v.read(4).await.unwrap(), block(3));
     }
 
     #[tokio::test]
