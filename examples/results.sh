@@ -43,7 +43,7 @@ done
 for run in "CPU only|--backend cpu" "Auto, sim:eip197|--sim eip197" "engine only, sim:eip197|--sim eip197 --backend sim:eip197"; do
   title=${run%%|*}; flags=${run#*|}
   start record-server $flags
-  echo "== record server, $title: record-server $flags; record-load $RECORD_LOAD"
+  echo "== record server, $title: record-server $flags; record-load $RECORD_LOAD --backend cpu"
   # shellcheck disable=SC2086
   "$BIN/record-load" --addr "$addr" $RECORD_LOAD --backend cpu
   stop

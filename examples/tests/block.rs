@@ -269,7 +269,7 @@ async fn every_acknowledged_write_survives_kill_9_in_the_middle_of_a_load() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_engine_serves_blocks_under_auto_and_when_forced() {
+async fn an_engine_serves_every_block_when_forced_and_auto_accounts_for_every_byte() {
     let dir = tempfile::tempdir().unwrap();
     for (name, extra) in [
         ("forced", &["--sim", "qce", "--backend", "sim:qce"][..]),

@@ -30,7 +30,7 @@ async fn records_of_every_size_echo_verified_on_one_and_many_connections() {
     let server = Server::start(SERVER, &[]);
     let offload = Offload::builder().build().unwrap();
     let mut total = 0;
-    for (size, connections) in [(64, 1), (1500, 4), (MAX_PAYLOAD, 2)] {
+    for (size, connections) in [(64, 1), (512, 2), (1500, 4), (MAX_PAYLOAD, 2)] {
         let config = RecordLoadConfig {
             size,
             connections,
@@ -134,9 +134,14 @@ async fn bad_frames_get_an_alert_and_the_connection_stays_usable() {
     let mut head = [0u8; HEADER];
     bare.read_exact(&mut head).await.unwrap();
     assert_eq!(head[0], kind::ALERT);
-    let mut code = [0u8; 1];
-    bare.read_exact(&mut code).await.unwrap();
-    assert_eq!(code[0], alert::NO_KEY);
+    let len = u32::from_be_bytes(head[9..13].try_into().unwrap()) as usize;
+    let mut body = vec![0u8; len];
+    bare.read_exact(&mut body).await.unwrap();
+    assert_eq!(body[0], alert::NO_KEY);
+    // The connection goes on: STATS (which needs no key) is answered.
+    bare.write_all(&record(kind::STATS, 2, &[])).await.unwrap();
+    bare.read_exact(&mut head).await.unwrap();
+    assert_eq!(head[0], kind::STATS);
     drop(bare);
 
     let offload = Offload::builder().build().unwrap();
@@ -185,7 +190,7 @@ async fn bad_frames_get_an_alert_and_the_connection_stays_usable() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_engine_seals_records_under_auto_and_when_forced() {
+async fn an_engine_seals_every_record_when_forced_and_auto_accounts_for_every_byte() {
     for (name, extra) in [
         (
             "forced",

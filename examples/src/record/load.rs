@@ -119,7 +119,8 @@ struct Conn {
 
 /// Runs one measurement: every connection sends for the duration (or its
 /// record count), then sends STATS as a fence, and counts the echoes that
-/// come back before it.
+/// come back before it: a connection whose echoes are fewer than the
+/// records it sent counts as failed.
 ///
 /// # Errors
 /// [`RecordLoadError::NotLoopback`], [`RecordLoadError::Size`],
@@ -234,7 +235,7 @@ async fn connection(
             // last echo.
             tx.request_stats().await?;
             tx.flush().await?;
-            Ok::<_, RecordError>(tx)
+            Ok::<_, RecordError>((tx, sent))
         })
     };
     let mut out = Conn::default();
@@ -266,7 +267,12 @@ async fn connection(
     let sent = sending.await;
     result?;
     match sent {
-        Ok(Ok(_tx)) => Ok(out),
+        // Every record sent must have come back before the fence.
+        Ok(Ok((_tx, sent))) if sent != out.records => Err(RecordError::BadRecord(format!(
+            "{sent} records sent, {} echoed before the STATS reply",
+            out.records
+        ))),
+        Ok(Ok(_)) => Ok(out),
         Ok(Err(e)) => Err(e),
         Err(e) => Err(RecordError::BadRecord(format!("sender: {e}"))),
     }
