@@ -12,12 +12,12 @@
 //! * `sim:pinned`: a simulated engine (`crypto_offload::SimEngine`, always
 //!   compiled in) with sessions pinned to it: a `dyn Backend` with owned
 //!   `IoBuf` round trips, the engine's context, queue and completion;
-//! * `auto`: `Offload::discover()`'s backends — AF_ALG engines and VFIO
+//! * `auto`: the backends `Offload::discover()` adds — AF_ALG engines and VFIO
 //!   devices when built with the `af-alg` / `vfio` features and run where
 //!   they exist — plus a second simulated engine, with the selector choosing
 //!   per request (a fresh model per input when there is no real engine:
 //!   see [`Subject::offload`]);
-//! * `<engine> (pinned)`: each engine `discover()` found, pinned.
+//! * `<engine> (pinned)`: each of those engines, pinned (sharing it with `auto`).
 //!
 //! Only the CPU-only builds run without a clock: the simulated engines wait
 //! on tokio timers, and the harness's runtime runs on tokio's paused clock,
@@ -31,7 +31,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use crypto_offload::{
-    Algorithm, BackendKind, Direction, Implementation, Offload, Profile, SimConfig, SimEngine,
+    Algorithm, Direction, Implementation, Offload, Profile, SharedBackend, SimConfig, SimEngine,
     SimTimer,
 };
 
@@ -251,23 +251,22 @@ async fn build_subjects() -> Vec<Subject> {
             .expect("an Offload pinned to the simulated engine"),
     ));
 
-    // Auto: what discover() finds, plus a simulated engine. The profile
-    // seeds the model for the CPU and the simulated engine (calibrating the
-    // simulated engine on the paused clock would measure tokio's
-    // millisecond timer granularity); real engines, if any, are calibrated.
-    let auto = Offload::discover_with(
-        Offload::builder()
-            .backend(plain_engine("sim:auto"))
-            .profile(auto_profile("sim:auto")),
-    )
-    .await
-    .expect("Offload::discover");
-    let found: Vec<String> = auto
-        .backends()
-        .into_iter()
-        .filter(|b| !matches!(b.kind, BackendKind::Cpu | BackendKind::Simulated))
-        .map(|b| b.name)
-        .collect();
+    // Auto: the engines discovery finds, plus a simulated engine. The
+    // profile seeds the model for the CPU and the simulated engine
+    // (calibrating the simulated engine on the paused clock would measure
+    // tokio's millisecond timer granularity); real engines, if any, are
+    // calibrated. The real engines are discovered once and shared with
+    // their pinned subjects below: a VFIO device opens only once (its
+    // group is held), and an engine's power domain is its own, so two
+    // `Offload`s may share it.
+    let found = real_engines().await;
+    let mut builder = Offload::builder()
+        .backend(plain_engine("sim:auto"))
+        .profile(auto_profile("sim:auto"));
+    for engine in &found {
+        builder = builder.backend(engine.clone());
+    }
+    let auto = builder.build().expect("Auto over the engines found");
     if found.is_empty() {
         // Only the CPU and the simulated engine: a fresh model per input
         // (see `Subject::offload`), sharing the engine.
@@ -289,16 +288,30 @@ async fn build_subjects() -> Vec<Subject> {
         auto.calibrate().await.expect("calibration");
         subjects.push(Subject::new("auto", auto));
     }
-    for name in found {
-        // A second discovery, pinned: AF_ALG engines open again; a VFIO
-        // device the first discovery holds may not, and is then fuzzed only
-        // through Auto (said here, so a run's log shows it).
-        match Offload::discover_with(Offload::builder().pin(name.clone())).await {
-            Ok(offload) => subjects.push(Subject::new(format!("{name} (pinned)"), offload)),
-            Err(e) => {
-                eprintln!("crypto-offload-fuzz: {name} not pinned on its own ({e}); Auto only")
-            }
-        }
+    for engine in found {
+        let name = engine.name().to_owned();
+        let pinned = Offload::builder()
+            .backend(engine)
+            .pin(name.clone())
+            .build()
+            .expect("an Offload pinned to an engine found");
+        subjects.push(Subject::new(format!("{name} (pinned)"), pinned));
     }
     subjects
+}
+
+/// The engines `Offload::discover` would add (the same two probes), each
+/// opened once.
+async fn real_engines() -> Vec<SharedBackend> {
+    #[allow(unused_mut)]
+    let mut found: Vec<SharedBackend> = Vec::new();
+    #[cfg(feature = "af-alg")]
+    if let Ok(engines) = crypto_offload::AfAlgBackend::discover() {
+        found.extend(engines.into_iter().map(|e| Arc::new(e) as SharedBackend));
+    }
+    #[cfg(feature = "vfio")]
+    if let Ok(devices) = crypto_offload::VfioBackend::discover().await {
+        found.extend(devices.into_iter().map(|d| Arc::new(d) as SharedBackend));
+    }
+    found
 }
