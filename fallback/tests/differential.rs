@@ -484,3 +484,22 @@ fn debug_output_shows_no_key_material() {
         assert!(out.contains("key_size"), "{out}");
     }
 }
+
+/// The RustCrypto key schedules inside `Cbc`, `Ctr`, `Xts` and `Gcm` (the
+/// `aes::Aes*` ciphers and `aes_gcm::AesGcm`) are wiped when dropped: that
+/// comes from the `zeroize` features the workspace turns on for `aes` and
+/// `aes-gcm`, and this fails to compile if one is turned off. (The parallel
+/// path's `ghash::GHash` wipes its state in `polyval`'s `Drop` under its
+/// `zeroize` feature but has no marker trait to assert; `Gcm`'s copy of the
+/// key wipes itself in its own `Drop`; aws-lc-rs frees keys with
+/// `OPENSSL_cleanse`.)
+#[test]
+fn key_schedules_are_wiped_on_drop() {
+    fn wiped_on_drop<T: zeroize::ZeroizeOnDrop>() {}
+    wiped_on_drop::<aes::Aes128>();
+    wiped_on_drop::<aes::Aes192>();
+    wiped_on_drop::<aes::Aes256>();
+    wiped_on_drop::<aes_gcm::Aes128Gcm>();
+    wiped_on_drop::<aes_gcm::AesGcm<aes::Aes192, aes_gcm::aead::consts::U12>>();
+    wiped_on_drop::<aes_gcm::Aes256Gcm>();
+}
