@@ -12,8 +12,9 @@
 //! watched through `Offload::backends()` every millisecond: a failure opens
 //! it with the error as the reason, no request is sent to an engine while it
 //! is open (beyond those already in flight), a probe closes it one probe
-//! interval later when the engine works again, doubling the wait while
-//! probes fail, and a device gone for good stays out.
+//! interval later when the engine works again, and a device gone for good
+//! stays out. The probes' back-off (doubling while they fail, up to 32
+//! intervals) is timed on its own in `probes_back_off_doubling_up_to_32_intervals`.
 //!
 //! The figures are in `docs/benchmarks.md`, section 3 (`--nocapture` prints
 //! them).
@@ -422,4 +423,70 @@ async fn a_hundred_thousand_requests_against_failing_engines_lose_nothing() {
         "closed {:?} after the engine came back",
         closed.at - back
     );
+}
+
+/// The probe schedule `breaker.rs` documents: after a failure opens the
+/// breaker, probes wait one interval, then twice as long after each failed
+/// probe, up to 32 intervals. An engine that comes back 20 intervals after
+/// the trip is first probed again at 1 + 2 + 4 + 8 + 16 = 31 intervals (a
+/// fixed interval would close it at 21); one that comes back after 70, at
+/// 31 + 32 + 32 = 95 (without the cap: 127). Each probe also takes the
+/// engine's latency, which the window allows for.
+#[tokio::test(start_paused = true)]
+async fn probes_back_off_doubling_up_to_32_intervals() {
+    let flap = Arc::new(SimEngine::new(engine(
+        "sim:flap",
+        Duration::from_micros(100),
+        1,
+        8,
+        faults(0.0, 0.0, None, 21),
+    )));
+    let offload = Offload::builder()
+        .policy(Policy::Latency)
+        .profile(profile(std::slice::from_ref(&flap)))
+        .probe_interval(PROBE)
+        .backend(flap.clone())
+        .build()
+        .unwrap();
+    let session = offload
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    let reference = Offload::builder()
+        .build()
+        .unwrap()
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    let data = vec![0x3c; 4096];
+    let want = reference.encrypt(&[7; 16], data.clone()).await.unwrap();
+    let breaker = || offload.backends()[1].clone();
+
+    for (episode, back_after, closes_after) in [(1, 20, 31), (2, 70, 95)] {
+        flap.set_gone(true);
+        // The request fails on the engine, opens its breaker and completes
+        // on the CPU.
+        let got = session.encrypt(&[7; 16], data.clone()).await.unwrap();
+        assert_eq!(got, want);
+        let tripped = Instant::now();
+        let b = breaker();
+        assert_eq!(b.stats.breaker_opened, episode, "{b:?}");
+        assert!(b.unavailable.is_some(), "{b:?}");
+
+        tokio::time::sleep_until(tripped + PROBE * back_after).await;
+        assert!(breaker().unavailable.is_some(), "closed while gone");
+        flap.set_gone(false);
+        while breaker().unavailable.is_some() {
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        }
+        let closed = tripped.elapsed();
+        eprintln!("episode {episode}: back after {back_after} intervals, closed at {closed:?}");
+        let expected = PROBE * closes_after;
+        assert!(
+            closed >= expected && closed <= expected + Duration::from_millis(3),
+            "episode {episode}: closed {closed:?} after the trip, expected {expected:?} \
+             (+ up to 3 ms of probe latency)"
+        );
+        assert_eq!(breaker().stats.breaker_closed, episode);
+    }
 }
