@@ -456,9 +456,11 @@ impl OffloadBuilder {
     }
 
     /// How often a backend behind an open circuit breaker is probed
-    /// (default 1 s; doubled while probes keep failing, up to 32×).
+    /// (default 1 s; doubled while probes keep failing, up to 32×). At
+    /// least 1 ms: a shorter interval is taken as 1 ms (zero would probe a
+    /// failed engine in a busy loop).
     pub fn probe_interval(mut self, every: Duration) -> Self {
-        self.probe_interval = every;
+        self.probe_interval = every.max(Duration::from_millis(1));
         self
     }
 

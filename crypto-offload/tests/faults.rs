@@ -434,6 +434,20 @@ async fn a_hundred_thousand_requests_against_failing_engines_lose_nothing() {
 /// engine's latency, which the window allows for.
 #[tokio::test(start_paused = true)]
 async fn probes_back_off_doubling_up_to_32_intervals() {
+    back_off(PROBE, PROBE).await;
+}
+
+/// A zero probe interval would probe a failed engine in a busy loop: the
+/// builder takes it as 1 ms, and the back-off runs from there.
+#[tokio::test(start_paused = true)]
+async fn a_zero_probe_interval_is_one_millisecond() {
+    back_off(Duration::ZERO, Duration::from_millis(1)).await;
+}
+
+/// Trips an engine's breaker twice, brings it back 20 and 70 intervals
+/// later, and checks when probes closed it (`probe`: what the builder is
+/// given; `interval`: what it should use).
+async fn back_off(probe: Duration, interval: Duration) {
     let flap = Arc::new(SimEngine::new(engine(
         "sim:flap",
         Duration::from_micros(100),
@@ -444,7 +458,7 @@ async fn probes_back_off_doubling_up_to_32_intervals() {
     let offload = Offload::builder()
         .policy(Policy::Latency)
         .profile(profile(std::slice::from_ref(&flap)))
-        .probe_interval(PROBE)
+        .probe_interval(probe)
         .backend(flap.clone())
         .build()
         .unwrap();
@@ -473,7 +487,7 @@ async fn probes_back_off_doubling_up_to_32_intervals() {
         assert_eq!(b.stats.breaker_opened, episode, "{b:?}");
         assert!(b.unavailable.is_some(), "{b:?}");
 
-        tokio::time::sleep_until(tripped + PROBE * back_after).await;
+        tokio::time::sleep_until(tripped + interval * back_after).await;
         assert!(breaker().unavailable.is_some(), "closed while gone");
         flap.set_gone(false);
         while breaker().unavailable.is_some() {
@@ -481,7 +495,7 @@ async fn probes_back_off_doubling_up_to_32_intervals() {
         }
         let closed = tripped.elapsed();
         eprintln!("episode {episode}: back after {back_after} intervals, closed at {closed:?}");
-        let expected = PROBE * closes_after;
+        let expected = interval * closes_after;
         assert!(
             closed >= expected && closed <= expected + Duration::from_millis(3),
             "episode {episode}: closed {closed:?} after the trip, expected {expected:?} \
