@@ -89,6 +89,7 @@ impl Table {
     }
 
     fn finish(self) {
+        eprintln!("{} rows", self.rows);
         assert!(
             self.failures.is_empty(),
             "{} of {} rows failed:\n{}",
@@ -251,13 +252,15 @@ async fn cipher_requests_of_every_bad_shape_in_both_directions() {
                         )
                     },
                 );
-                let small = offload.cipher(alg, &k).await.unwrap().with_data_unit(15);
-                let ok = matches!(small, Err(Error::DataLength { len: 15, .. }));
-                t.row(
-                    format!("{target} {alg} 15-byte data unit"),
-                    ok,
-                    ok_or_err(small),
-                );
+                for unit in [0usize, 15] {
+                    let small = offload.cipher(alg, &k).await.unwrap().with_data_unit(unit);
+                    let ok = matches!(small, Err(Error::DataLength { len, .. }) if len == unit);
+                    t.row(
+                        format!("{target} {alg} {unit}-byte data unit"),
+                        ok,
+                        ok_or_err(small),
+                    );
+                }
             } else {
                 let ok = matches!(units, Err(Error::DataLength { .. }));
                 t.row(format!("{target} {alg} data units"), ok, ok_or_err(units));
@@ -317,11 +320,16 @@ async fn aead_nonces_tags_tampering_and_aad_only_messages() {
                     |e| matches!(e, Error::TagLength { len, .. } if *len == n),
                 );
             }
-            let short = data(15);
-            let r = g.open(&[1; 12], b"aad", short.clone()).await;
-            t.refused(format!("{target} {alg} open of 15 bytes"), r, &short, |e| {
-                matches!(e, Error::TagLength { len: 15, .. })
-            });
+            for n in [0usize, 15] {
+                let short = data(n);
+                let r = g.open(&[1; 12], b"aad", short.clone()).await;
+                t.refused(
+                    format!("{target} {alg} open of {n} bytes"),
+                    r,
+                    &short,
+                    |e| matches!(e, Error::TagLength { len, .. } if *len == n),
+                );
+            }
             // Tampering: no plaintext is released, the buffer is wiped.
             let mut bad_tag = tag;
             bad_tag[15] ^= 0x80;
@@ -368,6 +376,30 @@ async fn aead_nonces_tags_tampering_and_aad_only_messages() {
                     let ok = matches!(&opened, Ok(o) if *o == pt);
                     t.row(format!("{what}, opened"), ok, ok_or_err(opened));
                 }
+                // The same, detached.
+                let sealed = g
+                    .seal_detached(&[4; 12], aad, pt.clone())
+                    .await
+                    .map_err(Error::from);
+                let want = cpu
+                    .seal_detached(&[4; 12], aad, pt.clone())
+                    .await
+                    .map_err(Error::from);
+                let same = matches!((&sealed, &want), (Ok(a), Ok(b)) if a == b);
+                let what = format!("{what}, detached");
+                t.row(
+                    &what,
+                    same,
+                    format!("{:?}", sealed.as_ref().map(|s| s.0.len())),
+                );
+                if let Ok((ct, tag)) = sealed {
+                    let opened = g
+                        .open_detached(&[4; 12], aad, ct, &tag)
+                        .await
+                        .map_err(Error::from);
+                    let ok = matches!(&opened, Ok(o) if *o == pt);
+                    t.row(format!("{what}, opened"), ok, ok_or_err(opened));
+                }
             }
         }
     }
@@ -411,6 +443,37 @@ async fn crc_mismatches_empty_and_large_updates() {
                 ok,
                 ok_or_err(wrong),
             );
+            // Borrowed bytes, empty and large; the length; a reset.
+            c.update_from_slice(&[]);
+            let ok = c.finalize() == right && c.len() == big.len() as u64;
+            t.row(format!("{target} {alg} empty slice"), ok, c.len());
+            c.update_from_slice(&big);
+            cpu.update_from_slice(&big);
+            let ok = c.finalize() == cpu.finalize() && c.len() == 2 * big.len() as u64;
+            t.row(format!("{target} {alg} large slice"), ok, c.len());
+            c.reset();
+            let fresh = reference.crc(alg).await.unwrap();
+            let ok = c.is_empty() && c.finalize() == fresh.finalize();
+            t.row(format!("{target} {alg} reset"), ok, c.len());
+            // Combination: an empty second part changes nothing, a 1-byte
+            // one gives the whole's CRC, and any length is taken (no panic,
+            // no overflow; the result fits the CRC's width).
+            let crc = |bytes: &[u8]| crypto_offload_fallback::checksum(alg, bytes);
+            let combine = crypto_offload::crc_combine;
+            let ok = combine(alg, right, crc(&[]), 0) == right;
+            t.row(format!("{alg} combine with an empty part"), ok, "other CRC");
+            let whole = data(101);
+            let got = combine(alg, crc(&whole[..100]), crc(&whole[100..]), 1);
+            t.row(
+                format!("{alg} combine, 1-byte part"),
+                got == crc(&whole),
+                got,
+            );
+            for len in [u64::from(u32::MAX) + 1, u64::MAX] {
+                let got = combine(alg, right, crc(&[7]), len);
+                let fits = alg.width() == 64 || got >> alg.width() == 0;
+                t.row(format!("{alg} combine, part of {len} bytes"), fits, got);
+            }
         }
     }
     t.finish();
@@ -449,6 +512,71 @@ async fn an_algorithm_the_pinned_backend_lacks_is_refused_at_open() {
         };
         t.row(format!("crc-only {alg}"), ok, ok_or_err(r));
     }
+    t.finish();
+}
+
+#[tokio::test]
+async fn selector_queries_and_builder_settings_at_their_extremes() {
+    use crypto_offload::Direction;
+    let mut t = Table::default();
+    for (target, offload) in targets().await {
+        let names: Vec<String> = offload.backends().into_iter().map(|b| b.name).collect();
+        let known = |n: &str| names.iter().any(|b| b == n);
+        let cbc = offload
+            .cipher(CipherAlg::Aes128Cbc, &key(16))
+            .await
+            .unwrap();
+        let gcm = offload.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
+        let c = offload.crc(CrcAlg::Crc32Iscsi).await.unwrap();
+        for len in [0usize, 1, usize::MAX] {
+            for dir in [Direction::Encrypt, Direction::Decrypt] {
+                let b = cbc.backend_for(dir, len);
+                t.row(
+                    format!("{target} cipher backend_for({dir:?}, {len})"),
+                    known(b),
+                    b,
+                );
+                let b = gcm.backend_for(dir, len);
+                t.row(
+                    format!("{target} aead backend_for({dir:?}, {len})"),
+                    known(b),
+                    b,
+                );
+                let e = offload.explain(CipherAlg::Aes256Xts, dir, len);
+                let ok = known(&e.choice) && e.len == len && !e.candidates.is_empty();
+                t.row(format!("{target} explain({dir:?}, {len})"), ok, &e.choice);
+            }
+            let b = c.backend_for(len);
+            t.row(format!("{target} crc backend_for({len})"), known(b), b);
+        }
+        for alg in Algorithm::all() {
+            // None with the CPU alone; a size or None with an engine.
+            let be = offload.break_even(alg, Direction::Encrypt);
+            let ok = names.len() > 1 || be.is_none();
+            t.row(
+                format!("{target} break_even({alg:?})"),
+                ok,
+                format!("{be:?}"),
+            );
+        }
+    }
+    // No cores is one core: requests still run, right.
+    let one = Offload::builder().cores(0).build().unwrap();
+    let s = one.cipher(CipherAlg::Aes128Ctr, &key(16)).await.unwrap();
+    let reference = Offload::builder().build().unwrap();
+    let cpu = reference
+        .cipher(CipherAlg::Aes128Ctr, &key(16))
+        .await
+        .unwrap();
+    let big = data(1 << 20);
+    let got = s.encrypt(&[3; 16], big.clone()).await.map_err(Error::from);
+    let want = cpu.encrypt(&[3; 16], big).await.unwrap();
+    let ok = matches!(&got, Ok(g) if *g == want);
+    t.row(
+        "cores(0): a 1 MiB request",
+        ok,
+        ok_or_err(got.map(|g| g.len())),
+    );
     t.finish();
 }
 
