@@ -95,15 +95,16 @@ pub async fn connect(
     let mut key = Zeroizing::new([0u8; KEY]);
     getrandom::fill(&mut key[..]).map_err(|e| RecordError::Random(e.to_string()))?;
     let session = Arc::new(offload.aead(AeadAlg::Aes128Gcm, &key[..]).await?);
-    let (reader, writer) = stream.into_split();
-    let mut sender = RecordSender {
+    let (reader, mut writer) = stream.into_split();
+    // Straight to the socket: through the BufWriter, a copy of the key would
+    // stay in its buffer, unwiped, until overwritten.
+    let hello = Zeroizing::new(record(kind::HELLO, 0, &key[..]));
+    writer.write_all(&hello).await?;
+    let sender = RecordSender {
         writer: BufWriter::with_capacity(64 * 1024, writer),
         session: session.clone(),
         seq: 0,
     };
-    let hello = Zeroizing::new(record(kind::HELLO, 0, &key[..]));
-    sender.writer.write_all(&hello).await?;
-    sender.writer.flush().await?;
     let receiver = RecordReceiver {
         reader: BufReader::with_capacity(64 * 1024, reader),
         session,
