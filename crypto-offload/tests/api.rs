@@ -161,10 +161,34 @@ async fn request_errors_convert_for_question_mark_and_hide_the_buffer() {
 #[tokio::test]
 async fn debug_output_never_shows_key_bytes() {
     let offload = Offload::discover().await.unwrap();
+    // Sessions whose contexts an engine holds (the `dyn Backend` path).
+    let sim = std::sync::Arc::new(crypto_offload::SimEngine::new(
+        crypto_offload::SimConfig::new(
+            "sim:keys",
+            vec![CipherAlg::Aes256Xts.into(), AeadAlg::Aes256Gcm.into()],
+            std::time::Duration::from_micros(10),
+            1e9,
+        ),
+    ));
+    let engine = Offload::builder()
+        .backend(sim.clone())
+        .pin("sim:keys")
+        .build()
+        .unwrap();
     let k: Vec<u8> = vec![0xa7; 64];
     let mut k2 = k.clone();
     k2[40] = 0x11;
     let shown = [
+        format!(
+            "{:?}",
+            engine.cipher(CipherAlg::Aes256Xts, &k2).await.unwrap()
+        ),
+        format!(
+            "{:?}",
+            engine.aead(AeadAlg::Aes256Gcm, &k[..32]).await.unwrap()
+        ),
+        format!("{engine:?}"),
+        format!("{sim:?}"),
         format!("{:?}", SecretKey::new(&k).unwrap()),
         format!(
             "{:?}",

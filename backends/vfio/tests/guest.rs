@@ -192,6 +192,19 @@ fn long_requests_chain_and_xts_units_take_consecutive_tweaks() {
             assert!(got == want, "{algo:?} {len} bytes chained");
             assert!(s.decrypt(&iv, got).await.unwrap() == plain);
         }
+        // A session's Debug names the device and the algorithm, never the
+        // key (0xa7 = 167).
+        let mut marked = vec![0xa7u8; 64];
+        marked[40] = 0x11;
+        let s = dev
+            .cipher_session(CipherAlgo::AesXts, &marked)
+            .await
+            .unwrap();
+        let shown = format!("{s:?}");
+        for needle in ["a7", "A7", "167"] {
+            assert!(!shown.contains(needle), "{shown}");
+        }
+        drop(s);
         // XTS: 16 sectors of 512 bytes, tweaks carrying across a byte.
         let k = key(64, 6);
         let x = dev.cipher_session(CipherAlgo::AesXts, &k).await.unwrap();
