@@ -78,6 +78,8 @@ fn ten_thousand_requests_in_flight_over_a_hundred_sessions() {
         .build()
         .unwrap();
     let rss_start = common::peak_rss_kib();
+    // The memory checks below would pass on zeros.
+    assert!(rss_start > 0, "no peak RSS (VmHWM in /proc/self/status)");
     let wall = std::time::Instant::now();
     rt.block_on(async {
         // Two engines on their own device threads, as in a real run:
