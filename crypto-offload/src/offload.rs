@@ -168,19 +168,9 @@ impl Offload {
     /// # Cancel safety
     /// Dropping the future before it completes leaves nothing behind.
     pub async fn discover_with(builder: OffloadBuilder) -> Result<Offload, Error> {
-        #[allow(unused_mut)]
         let mut builder = builder;
-        #[cfg(feature = "af-alg")]
-        if let Ok(engines) = crate::AfAlgBackend::discover() {
-            for e in engines {
-                builder = builder.backend(std::sync::Arc::new(e));
-            }
-        }
-        #[cfg(feature = "vfio")]
-        if let Ok(devices) = crate::VfioBackend::discover().await {
-            for d in devices {
-                builder = builder.backend(std::sync::Arc::new(d));
-            }
+        for engine in Offload::discover_engines().await {
+            builder = builder.backend(engine);
         }
         let profiled = builder.profile.is_some();
         let offload = builder.build()?;
@@ -189,6 +179,37 @@ impl Offload {
             offload.calibrate().await?;
         }
         Ok(offload)
+    }
+
+    /// The engines [`discover`](Offload::discover) adds, each opened once:
+    /// every compiled-in AF_ALG engine and VFIO device that works here (none
+    /// without the `af-alg` and `vfio` features). For callers that share an
+    /// engine among several `Offload`s — a pinned one beside an Auto one, as
+    /// the fuzz harness does: a VFIO device opens only once (its group is
+    /// held), and an engine's power domain is its own.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it completes leaves nothing behind.
+    pub async fn discover_engines() -> Vec<SharedBackend> {
+        #[allow(unused_mut)]
+        let mut found: Vec<SharedBackend> = Vec::new();
+        #[cfg(feature = "af-alg")]
+        if let Ok(engines) = crate::AfAlgBackend::discover() {
+            found.extend(
+                engines
+                    .into_iter()
+                    .map(|e| std::sync::Arc::new(e) as SharedBackend),
+            );
+        }
+        #[cfg(feature = "vfio")]
+        if let Ok(devices) = crate::VfioBackend::discover().await {
+            found.extend(
+                devices
+                    .into_iter()
+                    .map(|d| std::sync::Arc::new(d) as SharedBackend),
+            );
+        }
+        found
     }
 
     /// Measures every backend's costs for every algorithm it runs (bounded:

@@ -31,8 +31,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use crypto_offload::{
-    Algorithm, Direction, Implementation, Offload, Profile, SharedBackend, SimConfig, SimEngine,
-    SimTimer,
+    Algorithm, Direction, Implementation, Offload, Profile, SimConfig, SimEngine, SimTimer,
 };
 
 /// One way of running requests, under the name mismatch reports use.
@@ -259,7 +258,7 @@ async fn build_subjects() -> Vec<Subject> {
     // their pinned subjects below: a VFIO device opens only once (its
     // group is held), and an engine's power domain is its own, so two
     // `Offload`s may share it.
-    let found = real_engines().await;
+    let found = Offload::discover_engines().await;
     let mut builder = Offload::builder()
         .backend(plain_engine("sim:auto"))
         .profile(auto_profile("sim:auto"));
@@ -298,20 +297,4 @@ async fn build_subjects() -> Vec<Subject> {
         subjects.push(Subject::new(format!("{name} (pinned)"), pinned));
     }
     subjects
-}
-
-/// The engines `Offload::discover` would add (the same two probes), each
-/// opened once.
-async fn real_engines() -> Vec<SharedBackend> {
-    #[allow(unused_mut)]
-    let mut found: Vec<SharedBackend> = Vec::new();
-    #[cfg(feature = "af-alg")]
-    if let Ok(engines) = crypto_offload::AfAlgBackend::discover() {
-        found.extend(engines.into_iter().map(|e| Arc::new(e) as SharedBackend));
-    }
-    #[cfg(feature = "vfio")]
-    if let Ok(devices) = crypto_offload::VfioBackend::discover().await {
-        found.extend(devices.into_iter().map(|d| Arc::new(d) as SharedBackend));
-    }
-    found
 }
