@@ -9,32 +9,22 @@ use std::sync::{Arc, Mutex, Weak};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::dma::{DmaBuf, DmaPool};
 use crate::error::Error;
+use crate::limits::{self, CONTROL_CHAIN, DATA_CHAIN, Limits};
+use crate::platform::{Platform, Vfio};
 use crate::protocol::{self, CipherAlgo, DeviceConfig, HEADER_LEN, SESSION_INPUT_LEN};
-use crate::queue::{Burst, Pending, Pendings, Queue, QueueState};
-use crate::request::{Chain, TABLE_AT};
+use crate::queue::{Burst, Host, Queue};
+use crate::request::Chain;
 use crate::session::CipherSession;
 use crate::transport::{
     ACKNOWLEDGE, DRIVER, DRIVER_OK, F_ACCESS_PLATFORM, F_INDIRECT_DESC, F_VERSION_1, FAILED,
-    NO_VECTOR, Transport, wanted,
+    NO_VECTOR, wanted,
 };
-use crate::vfio::Device;
 use crate::virtqueue::{Segment, SplitQueue};
-
-/// The DMA pool's size: queues, and room for many requests in flight.
-pub const POOL_BYTES: usize = 4 << 20;
-/// Where the pool sits in the device's address space (inside the IOVA
-/// ranges the guest's IOMMU offers, clear of the MSI window at 0xfee00000).
-const POOL_IOVA: u64 = 0x4000_0000;
-/// Entries per queue, at most (the device may offer fewer).
-const QUEUE_SIZE: u16 = 1024;
-/// The largest request this driver sends whole (XTS units up to this;
-/// longer CBC, CTR and ECB requests go in pieces of it, chained).
-pub const MAX_REQUEST: usize = 256 << 10;
 
 /// How long a waiting caller polls the used ring without seeing any
 /// completion before it turns the device's interrupts back on and sleeps
@@ -43,23 +33,28 @@ pub const MAX_REQUEST: usize = 256 << 10;
 /// the device is idle or slow, and sleeping burns no core.
 pub const POLL_FOR: std::time::Duration = std::time::Duration::from_micros(100);
 
-/// The device itself: its VFIO handle and its registers. Released (the
-/// device fd closed, the BARs unmapped) when the kernel asks for the device
-/// back (hot-unplug), so that its removal can finish.
-struct Hw {
-    vfio: Device,
-    transport: Transport,
-}
-
 pub(crate) struct Inner {
     pub(crate) address: String,
-    hw: std::sync::RwLock<Option<Hw>>,
+    /// The hardware (VFIO, or an emulated device in tests). Released (the
+    /// device fd closed, the BARs unmapped) when the kernel asks for the
+    /// device back (hot-unplug), so that its removal can finish. Doorbells
+    /// are rung under its read lock, and a suspend takes its write lock:
+    /// no BAR write crosses the entry into D3hot.
+    hw: std::sync::RwLock<Option<Box<dyn Platform>>>,
     pub(crate) pool: Arc<DmaPool>,
     pub(crate) config: DeviceConfig,
+    /// What requests keep to, validated from `config` at open.
+    pub(crate) limits: Limits,
     pub(crate) data: Queue,
     pub(crate) ctrl: Queue,
-    /// Reset or removed: no new requests; what was in flight has failed.
+    /// Reset, removed or broken: no new requests; what was in flight has
+    /// failed.
     gone: AtomicBool,
+    /// Why the device is no longer trusted, if it broke the virtio rules.
+    broken: Mutex<Option<String>>,
+    /// Serialises suspend and resume (the public API allows them from any
+    /// thread; `Offload`'s power domain also serialises them).
+    power: Mutex<()>,
     /// Buffers of requests failed while the device might still write them,
     /// kept until the device is reset.
     parked: Mutex<Vec<DmaBuf>>,
@@ -69,9 +64,12 @@ pub(crate) struct Inner {
     /// waits on), to bind MSI-X again after a power cycle.
     irq: std::os::fd::OwnedFd,
     /// In the PCI low-power state (D3hot): the device lost its virtio
-    /// state and takes no requests until resumed.
+    /// state and takes no requests until resumed. Set under both queues'
+    /// locks (so no request is staged after it) and read under the
+    /// hardware's lock before any register access.
     low_power: AtomicBool,
-    /// Cipher sessions alive on the device.
+    /// Cipher sessions alive on the device (counted from before their
+    /// creation is sent, so that a suspend never crosses one).
     pub(crate) sessions: std::sync::atomic::AtomicUsize,
     /// Completions handed back, per thread (name and id): where the
     /// completion work ran.
@@ -116,7 +114,10 @@ impl CryptoDevice {
     /// not behave as a virtio-crypto device.
     ///
     /// # Panics
-    /// Outside a tokio runtime.
+    /// Outside a tokio runtime, or in one without its I/O and time drivers
+    /// (`Builder::enable_all`): interrupts are awaited with `AsyncFd`, and
+    /// request timeouts and the wait before a suspend use tokio's timer.
+    /// Checked here, at open, rather than at the first request.
     ///
     /// # Cancel safety
     /// Cancel safe: the device is set up synchronously before the first
@@ -124,57 +125,66 @@ impl CryptoDevice {
     /// resets it.
     pub async fn open(address: &str) -> Result<CryptoDevice, Error> {
         let span = tracing::debug_span!("vfio.open", address);
-        async {
-            let vfio = Device::open(address)?;
-            vfio.enable_bus_master()?;
-            let transport = Transport::new(&vfio)?;
-            transport.reset()?;
-            transport.add_status(ACKNOWLEDGE | DRIVER)?;
-            // Whatever fails from here, the device is told (virtio §3.1.1).
-            let (config, pool, irq, data, ctrl) = set_up(&vfio, &transport).inspect_err(|_| {
-                let _ = transport.add_status(FAILED);
+        async { CryptoDevice::start(address, Box::new(Vfio::open(address)?)) }
+            .instrument(span)
+            .await
+    }
+
+    /// Brings up the device behind `hw` (named `address`): the virtio
+    /// handshake, the DMA pool, MSI-X and both queues, and the completion
+    /// and removal tasks on the current tokio runtime.
+    pub(crate) fn start(address: &str, hw: Box<dyn Platform>) -> Result<CryptoDevice, Error> {
+        // Panics now, with tokio's message, if the runtime has no timer.
+        drop(tokio::time::sleep(std::time::Duration::ZERO));
+        hw.reset()?;
+        hw.add_status(ACKNOWLEDGE | DRIVER)?;
+        // Whatever fails from here, the device is told (virtio §3.1.1).
+        let up = set_up(&*hw).inspect_err(|_| {
+            let _ = hw.add_status(FAILED);
+        })?;
+        // The kernel's request for the device back (hot-unplug).
+        let req = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(|e| Error::sys("eventfd", e))?;
+        hw.enable_req_irq(req.as_fd())?;
+        let irq_dup = up
+            .irq
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| Error::Io {
+                op: "dup eventfd",
+                source,
             })?;
-            // The kernel's request for the device back (hot-unplug).
-            let req = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
-                .map_err(|e| Error::sys("eventfd", e))?;
-            vfio.enable_req_irq(req.as_fd())?;
-            let irq_dup = irq
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|source| Error::Io {
-                    op: "dup eventfd",
-                    source,
-                })?;
-            let inner = Arc::new(Inner {
-                address: address.to_owned(),
-                hw: std::sync::RwLock::new(Some(Hw { vfio, transport })),
-                pool,
-                config,
-                data,
-                ctrl,
-                gone: AtomicBool::new(false),
-                parked: Mutex::new(Vec::new()),
-                reaper: Mutex::new(None),
-                irq: irq_dup,
-                low_power: AtomicBool::new(false),
-                sessions: std::sync::atomic::AtomicUsize::new(0),
-                completion_threads: Mutex::new(Vec::new()),
-                released_with: std::sync::atomic::AtomicUsize::new(0),
-                watcher: Mutex::new(None),
-                interrupts: std::sync::atomic::AtomicU64::new(0),
-                poll_for: std::sync::atomic::AtomicU64::new(POLL_FOR.as_nanos() as u64),
-            });
-            let fd = readable(irq)?;
-            let task = tokio::spawn(reap(Arc::downgrade(&inner), fd));
-            *inner.reaper.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
-            let req = readable(req)?;
-            let watcher = tokio::spawn(watch_removal(Arc::downgrade(&inner), req));
-            *inner.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(watcher);
-            tracing::debug!(?config, "virtio-crypto device up");
-            Ok(CryptoDevice { inner })
-        }
-        .instrument(span)
-        .await
+        let config = up.config;
+        let inner = Arc::new(Inner {
+            address: address.to_owned(),
+            hw: std::sync::RwLock::new(Some(hw)),
+            pool: up.pool,
+            config,
+            limits: up.limits,
+            data: up.data,
+            ctrl: up.ctrl,
+            gone: AtomicBool::new(false),
+            broken: Mutex::new(None),
+            power: Mutex::new(()),
+            parked: Mutex::new(Vec::new()),
+            reaper: Mutex::new(None),
+            irq: irq_dup,
+            low_power: AtomicBool::new(false),
+            sessions: std::sync::atomic::AtomicUsize::new(0),
+            completion_threads: Mutex::new(Vec::new()),
+            released_with: std::sync::atomic::AtomicUsize::new(0),
+            watcher: Mutex::new(None),
+            interrupts: std::sync::atomic::AtomicU64::new(0),
+            poll_for: std::sync::atomic::AtomicU64::new(POLL_FOR.as_nanos() as u64),
+        });
+        let fd = readable(up.irq)?;
+        let task = tokio::spawn(reap(Arc::downgrade(&inner), fd));
+        *inner.reaper.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        let req = readable(req)?;
+        let watcher = tokio::spawn(watch_removal(Arc::downgrade(&inner), req));
+        *inner.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(watcher);
+        tracing::debug!(?config, limits = ?inner.limits, "virtio-crypto device up");
+        Ok(CryptoDevice { inner })
     }
 
     /// Its PCI address.
@@ -195,32 +205,68 @@ impl CryptoDevice {
 
     /// Requests the device holds.
     pub fn in_flight(&self) -> usize {
-        [&self.inner.data, &self.inner.ctrl]
-            .iter()
-            .map(|q| {
-                q.state
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .pending
-                    .len()
-            })
-            .sum()
+        self.inner.data.in_flight() + self.inner.ctrl.in_flight()
+    }
+
+    /// The limits requests on this device keep to (validated from its
+    /// configuration at open).
+    pub fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+
+    /// Entries in its data queue.
+    pub fn queue_size(&self) -> usize {
+        usize::from(self.inner.data.lock().ring.size())
+    }
+
+    /// The most data requests the device holds at once: one per entry of
+    /// its data queue with indirect tables, one per five without. More
+    /// wait for room (back-pressure).
+    pub fn queue_depth(&self) -> usize {
+        let state = self.inner.data.lock();
+        let size = usize::from(state.ring.size());
+        if state.ring.indirect() {
+            size
+        } else {
+            size / DATA_CHAIN
+        }
+    }
+
+    /// DMA buffers kept from failed requests until the device can no
+    /// longer write them (a reset, or its release).
+    pub fn parked_buffers(&self) -> usize {
+        self.inner
+            .parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Why the device is no longer trusted, if it broke the virtio rules
+    /// (a used entry naming no request, a used index running ahead): it
+    /// then takes no requests.
+    pub fn broken(&self) -> Option<String> {
+        self.inner
+            .broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The device status and each queue's indices, for diagnosing a device
     /// that stopped answering.
     pub fn diagnose(&self) -> String {
-        if self.is_suspended() {
-            // Its registers are out of reach in D3hot.
-            return "suspended (D3hot)".into();
-        }
+        // Its registers are out of reach in D3hot: `with_awake_hw` says so.
         let status = self
             .inner
-            .with_hw(|hw| hw.transport.status())
+            .with_awake_hw(|hw| hw.status())
             .map_or_else(|e| e.to_string(), |s| format!("{s:#x}"));
         let mut out = format!("status {status}");
+        if let Some(why) = self.broken() {
+            out += &format!("; broken: {why}");
+        }
         for (name, q) in [("data", &self.inner.data), ("ctrl", &self.inner.ctrl)] {
-            let state = q.state.lock().unwrap_or_else(|p| p.into_inner());
+            let state = q.lock();
             out += &format!(
                 "; {name} queue {}: {} pending, {}",
                 q.index,
@@ -289,18 +335,38 @@ impl CryptoDevice {
         self.inner.gone.load(Ordering::Acquire)
     }
 
-    /// Resets the device (`VFIO_DEVICE_RESET`): every request in flight
+    /// Resets the device — the virtio transport first (its status must
+    /// read back 0: the device has let go of the rings and every buffer),
+    /// then the function (`VFIO_DEVICE_RESET`): every request in flight
     /// fails with [`Error::Gone`] (its caller's buffer unchanged), and the
-    /// device takes no more.
+    /// device takes no more. The DMA memory of failed requests is reused
+    /// only once both resets succeeded; if either fails it stays parked
+    /// (the device might still write it) until the device is released.
+    ///
+    /// # Errors
+    /// The reset that failed; [`Error::Device`] while suspended (the
+    /// device then holds nothing: it was reset when it was suspended).
     pub fn reset(&self) -> Result<(), Error> {
-        self.inner.fail_all();
-        let r = self.inner.with_hw(|hw| hw.vfio.reset());
-        // Quiet now: what the device could have written is free again.
-        self.inner
-            .parked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        let inner = &self.inner;
+        inner.fail_all();
+        let r = inner.with_awake_hw(|hw| {
+            hw.reset()?;
+            hw.reset_function()
+        });
+        match &r {
+            // Quiet now: what the device could have written is free again.
+            Ok(()) => inner
+                .parked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear(),
+            Err(e) => tracing::warn!(
+                address = %inner.address,
+                error = %e,
+                parked = inner.parked.lock().unwrap_or_else(|p| p.into_inner()).len(),
+                "reset failed: failed requests' memory stays parked"
+            ),
+        }
         r
     }
 
@@ -309,37 +375,34 @@ impl CryptoDevice {
     /// flight (a dropped session's destroy) complete. The device loses its
     /// virtio state: it takes no requests until [`CryptoDevice::resume`].
     ///
+    /// Safe against concurrent use: no request is staged once the device
+    /// is marked suspended (under the queues' locks, where submitters
+    /// check), and no doorbell is rung once it enters D3hot (a BAR write
+    /// there is a SIGBUS): doorbells are rung under the hardware's read
+    /// lock, which the entry takes for writing.
+    ///
     /// # Errors
     /// [`Error::Invalid`] while sessions live (their device sessions would
     /// be lost); [`Error::Device`] if requests stay in flight for a second;
-    /// the ioctl's error.
+    /// the ioctl's error (the device is then set up again and stays
+    /// usable).
     ///
     /// # Cancel safety
-    /// Cancel safe until the device is reset (the last step, synchronous).
+    /// Cancel safe: the only await is the wait for requests in flight,
+    /// before anything changes.
     pub async fn suspend(&self) -> Result<(), Error> {
         let inner = &self.inner;
-        if inner.low_power.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let live = inner.sessions.load(Ordering::Acquire);
-        if live > 0 {
-            return Err(Error::Invalid {
-                what: "suspend",
-                detail: format!("{live} sessions live on the device"),
-            });
-        }
         let start = std::time::Instant::now();
-        while self.in_flight() > 0 {
-            if start.elapsed() > std::time::Duration::from_secs(1) {
-                return Err(Error::Device("requests still in flight after 1 s".into()));
+        loop {
+            match inner.mark_suspended()? {
+                true => break,
+                false if start.elapsed() > std::time::Duration::from_secs(1) => {
+                    return Err(Error::Device("requests still in flight after 1 s".into()));
+                }
+                false => tokio::time::sleep(std::time::Duration::from_millis(1)).await,
             }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
-        inner.low_power.store(true, Ordering::Release);
-        inner.with_hw(|hw| {
-            hw.transport.reset()?;
-            hw.vfio.set_low_power(true)
-        })
+        inner.enter_low_power()
     }
 
     /// Brings the device back from [`CryptoDevice::suspend`] (LOW_POWER_EXIT)
@@ -350,10 +413,11 @@ impl CryptoDevice {
     /// The ioctl's error, or the device's refusal during set-up.
     pub fn resume(&self) -> Result<(), Error> {
         let inner = &self.inner;
+        let _power = inner.power.lock().unwrap_or_else(|p| p.into_inner());
         if !inner.low_power.load(Ordering::Acquire) {
             return Ok(());
         }
-        inner.with_hw(|hw| hw.vfio.set_low_power(false))?;
+        inner.with_hw(|hw| hw.set_low_power(false))?;
         inner.reinit()?;
         inner.low_power.store(false, Ordering::Release);
         Ok(())
@@ -386,6 +450,9 @@ impl CryptoDevice {
                 detail: format!("{} bytes for {algo:?}", key.len()),
             });
         }
+        // Counted before the device hears of it, so that a suspend (which
+        // refuses while sessions live) never crosses its creation.
+        let reserved = SessionReservation::new(&self.inner);
         let encrypt = self.inner.create_session(algo, key, true).await?;
         let decrypt = match self.inner.create_session(algo, key, false).await {
             Ok(id) => id,
@@ -394,24 +461,55 @@ impl CryptoDevice {
                 return Err(e);
             }
         };
-        self.inner.sessions.fetch_add(1, Ordering::AcqRel);
+        reserved.keep();
         Ok(CipherSession {
             dev: self.inner.clone(),
             algo,
             ids: [encrypt, decrypt],
             closed: false,
+            timeout: None,
         })
     }
 }
 
-/// Features, device configuration, the DMA pool, MSI-X and both queues;
-/// then DRIVER_OK.
-#[allow(clippy::type_complexity)]
-fn set_up(
-    vfio: &Device,
-    transport: &Transport,
-) -> Result<(DeviceConfig, Arc<DmaPool>, EventFd, Queue, Queue), Error> {
-    let offered = transport.device_features()?;
+/// What [`set_up`] brings up.
+struct Up {
+    config: DeviceConfig,
+    limits: Limits,
+    pool: Arc<DmaPool>,
+    irq: EventFd,
+    data: Queue,
+    ctrl: Queue,
+}
+
+/// A session counted on a device while it is being created: uncounted if
+/// the creation fails or its future is dropped.
+struct SessionReservation<'a>(Option<&'a Inner>);
+
+impl<'a> SessionReservation<'a> {
+    fn new(inner: &'a Inner) -> Self {
+        inner.sessions.fetch_add(1, Ordering::AcqRel);
+        SessionReservation(Some(inner))
+    }
+
+    /// The session exists: it stays counted (until its drop).
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for SessionReservation<'_> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0 {
+            inner.sessions.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Features, device configuration (validated: [`Limits::of`]), the DMA
+/// pool, MSI-X and both queues; then DRIVER_OK.
+fn set_up(hw: &dyn Platform) -> Result<Up, Error> {
+    let offered = hw.device_features()?;
     if offered & F_VERSION_1 == 0 {
         return Err(Error::Device(
             "no VIRTIO_F_VERSION_1 (a legacy-only device)".into(),
@@ -421,79 +519,58 @@ fn set_up(
     // the IOVAs VFIO maps; without it, the device takes guest-physical
     // addresses (QEMU's iommu_platform=off) and the pool must give those.
     let translated = offered & F_ACCESS_PLATFORM != 0;
-    transport.negotiate(wanted(offered))?;
-    let config = transport.read_device_config(|w| {
-        Ok(DeviceConfig {
-            status: w(DeviceConfig::STATUS)?,
-            max_dataqueues: w(DeviceConfig::MAX_DATAQUEUES)?,
-            crypto_services: w(DeviceConfig::CRYPTO_SERVICES)?,
-            cipher_algo_l: w(DeviceConfig::CIPHER_ALGO_L)?,
-            max_cipher_key_len: w(DeviceConfig::MAX_CIPHER_KEY_LEN)?,
-            max_size: u64::from(w(DeviceConfig::MAX_SIZE)?)
-                | (u64::from(w(DeviceConfig::MAX_SIZE + 4)?) << 32),
-        })
-    })?;
+    hw.negotiate(wanted(offered))?;
+    let config = hw.read_config()?;
     if config.max_dataqueues == 0 {
         return Err(Error::Device("no data queues".into()));
     }
-    let pool = Arc::new(if translated {
-        DmaPool::new(vfio.container(), POOL_IOVA, POOL_BYTES)?
-    } else {
-        DmaPool::physical(vfio.container()).map_err(|e| {
-            Error::Device(format!(
-                "no VIRTIO_F_ACCESS_PLATFORM: the device bypasses the IOMMU and needs \
-                 guest-physical addresses, from a huge page: {e}"
-            ))
-        })?
-    });
+    let limits = Limits::of(&config)?;
+    let pool = hw.dma_pool(translated)?;
     let irq = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
         .map_err(|e| Error::sys("eventfd", e))?;
-    if vfio.msix_vectors()? == 0 {
+    if hw.msix_vectors()? == 0 {
         return Err(Error::Device("no MSI-X".into()));
     }
-    vfio.enable_msix(&[irq.as_fd()])?;
-    transport.set_config_vector(NO_VECTOR)?;
+    hw.enable_msix(irq.as_fd())?;
+    hw.set_config_vector(NO_VECTOR)?;
     // Queues 0..max_dataqueues carry data; the control queue is next.
     let ctrl_index = u16::try_from(config.max_dataqueues)
         .map_err(|_| Error::Device("too many data queues".into()))?;
     // Data requests go through indirect tables when the device takes them;
     // control requests (rare) as plain chains.
-    let data = queue(transport, &pool, 0, wanted(offered) & F_INDIRECT_DESC != 0)?;
-    let ctrl = queue(transport, &pool, ctrl_index, false)?;
-    transport.add_status(DRIVER_OK)?;
-    Ok((config, pool, irq, data, ctrl))
+    let data = queue(hw, &pool, 0, wanted(offered) & F_INDIRECT_DESC != 0)?;
+    let ctrl = queue(hw, &pool, ctrl_index, false)?;
+    hw.add_status(DRIVER_OK)?;
+    Ok(Up {
+        config,
+        limits,
+        pool,
+        irq,
+        data,
+        ctrl,
+    })
 }
 
 /// Sets queue `index` up in the pool, on MSI-X vector 0.
 fn queue(
-    transport: &Transport,
+    hw: &dyn Platform,
     pool: &Arc<DmaPool>,
     index: u16,
     indirect: bool,
 ) -> Result<Queue, Error> {
-    let max = transport.queue_max_size(index)?;
-    if max == 0 {
-        return Err(Error::Device(format!("no queue {index}")));
-    }
-    // The largest power of two within both limits.
-    let size = 1u16 << (15 - QUEUE_SIZE.min(max).leading_zeros().min(15));
+    let longest = match (index, indirect) {
+        (0, true) => 1,
+        (0, false) => DATA_CHAIN,
+        _ => CONTROL_CHAIN,
+    };
+    let size = limits::queue_size(index, hw.queue_max_size(index)?, longest)?;
     let mem = pool
         .try_alloc(SplitQueue::bytes(size))?
         .ok_or_else(|| Error::Device("no DMA room for a queue".into()))?;
     let mut ring = SplitQueue::new(mem, size)?;
     ring.set_indirect(indirect);
-    let notify_off = transport.setup_queue(index, size, ring.addresses(), 0)?;
-    Ok(Queue {
-        index,
-        notify_off,
-        state: Mutex::new(QueueState {
-            ring,
-            pending: Pendings::new(size),
-            pollers: 0,
-        }),
-        room: Notify::new(),
-        room_waiters: std::sync::atomic::AtomicUsize::new(0),
-    })
+    let notify_off = hw.setup_queue(index, size, ring.addresses(), 0)?;
+    Ok(Queue::new(index, notify_off, ring))
 }
 
 /// `fd` registered with the runtime, to be awaited when readable.
@@ -546,37 +623,11 @@ async fn reap(inner: Weak<Inner>, irq: AsyncFd<EventFd>) {
 }
 
 impl Inner {
-    /// Hands every completed request back to its caller; how many callers
-    /// that finished (whose tasks may now go on).
+    /// Hands every completed request of `q` back to its caller; how many
+    /// callers that finished (whose tasks may now go on). A completion that
+    /// breaks the ring's rules fails the device ([`Host::broken`]).
     fn drain(&self, q: &Queue) -> u64 {
-        let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mut freed = 0u64;
-        let mut finished = 0u64;
-        loop {
-            match state.ring.pop_used() {
-                Ok(Some((head, len))) => {
-                    freed += 1;
-                    if let Some(p) = state.pending.remove(head) {
-                        finished += u64::from(p.complete(len));
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::error!(%e, queue = q.index, "device broke its ring");
-                    drop(state);
-                    self.fail_all();
-                    return finished;
-                }
-            }
-        }
-        drop(state);
-        if freed > 0 {
-            if q.room_waiters.load(Ordering::Acquire) > 0 {
-                q.room.notify_waiters();
-            }
-            self.count_completions(freed);
-        }
-        finished
+        q.drain(self)
     }
 
     /// Notes that this thread handed back `n` completions (the spreading
@@ -617,12 +668,12 @@ impl Inner {
                 Ok(true)
             }
             Err(oneshot::error::TryRecvError::Empty) => Ok(false),
-            Err(oneshot::error::TryRecvError::Closed) => Err(Error::Gone),
+            Err(oneshot::error::TryRecvError::Closed) => Err(self.failure()),
         })
         .await?;
         match got {
             Some(v) => Ok(v),
-            None => rx.await.map_err(|_| Error::Gone),
+            None => rx.await.map_err(|_| self.failure()),
         }
     }
 
@@ -714,11 +765,7 @@ impl Inner {
     }
 
     fn has_used(&self, q: &Queue) -> bool {
-        q.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .ring
-            .has_used()
+        q.lock().ring.has_used()
     }
 
     /// The virtio set-up again after the device lost its state (a power
@@ -729,16 +776,15 @@ impl Inner {
         let Some(hw) = guard.as_ref() else {
             return Err(Error::Gone);
         };
-        let t = &hw.transport;
-        t.reset()?;
-        t.add_status(ACKNOWLEDGE | DRIVER)?;
-        let offered = t.device_features()?;
-        t.negotiate(wanted(offered))?;
+        hw.reset()?;
+        hw.add_status(ACKNOWLEDGE | DRIVER)?;
+        let offered = hw.device_features()?;
+        hw.negotiate(wanted(offered))?;
         let indirect = wanted(offered) & F_INDIRECT_DESC != 0;
-        hw.vfio.enable_msix(&[self.irq.as_fd()])?;
-        t.set_config_vector(NO_VECTOR)?;
+        hw.enable_msix(self.irq.as_fd())?;
+        hw.set_config_vector(NO_VECTOR)?;
         for q in [&self.data, &self.ctrl] {
-            let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut state = q.lock();
             if !state.pending.is_empty() {
                 return Err(Error::Device(
                     "requests in flight across a power cycle".into(),
@@ -749,17 +795,110 @@ impl Inner {
                 .ring
                 .set_indirect(indirect && std::ptr::eq(q, &self.data));
             let size = state.ring.size();
-            t.setup_queue(q.index, size, state.ring.addresses(), 0)?;
+            hw.setup_queue(q.index, size, state.ring.addresses(), 0)?;
         }
-        t.add_status(DRIVER_OK)
+        hw.add_status(DRIVER_OK)
     }
 
     /// Runs `f` on the device, if it has not been released.
-    fn with_hw<T>(&self, f: impl FnOnce(&Hw) -> Result<T, Error>) -> Result<T, Error> {
+    fn with_hw<T>(&self, f: impl FnOnce(&dyn Platform) -> Result<T, Error>) -> Result<T, Error> {
         let guard = self.hw.read().unwrap_or_else(|p| p.into_inner());
         match guard.as_ref() {
-            Some(hw) => f(hw),
+            Some(hw) => f(&**hw),
             None => Err(Error::Gone),
+        }
+    }
+
+    /// Runs `f` on the device's registers, if it has not been released and
+    /// is not in D3hot (checked under the lock a suspend takes for
+    /// writing: the device cannot enter D3hot while `f` runs).
+    fn with_awake_hw<T>(
+        &self,
+        f: impl FnOnce(&dyn Platform) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.with_hw(|hw| {
+            if self.low_power.load(Ordering::Acquire) {
+                return Err(suspended());
+            }
+            f(hw)
+        })
+    }
+
+    /// Marks the device suspended if it holds no request and no session
+    /// lives — under both queues' locks, where submitters check, so that
+    /// no request is staged after it. `Ok(false)`: requests are still in
+    /// flight (wait and try again).
+    fn mark_suspended(&self) -> Result<bool, Error> {
+        let data = self.data.lock();
+        let ctrl = self.ctrl.lock();
+        let live = self.sessions.load(Ordering::Acquire);
+        if live > 0 {
+            return Err(Error::Invalid {
+                what: "suspend",
+                detail: format!("{live} sessions live on the device"),
+            });
+        }
+        self.accepting_or_suspended()?;
+        if !(data.pending.is_empty() && ctrl.pending.is_empty()) {
+            return Ok(false);
+        }
+        self.low_power.store(true, Ordering::Release);
+        Ok(true)
+    }
+
+    /// The device marked suspended ([`Inner::mark_suspended`]): resets its
+    /// transport and enters D3hot — holding the hardware's write lock, so
+    /// that a doorbell already on its way (under the read lock) is rung
+    /// before and none after. If that fails the device is set up again
+    /// and taken out of the suspended state.
+    fn enter_low_power(&self) -> Result<(), Error> {
+        let _power = self.power.lock().unwrap_or_else(|p| p.into_inner());
+        let entered = {
+            let guard = self.hw.write().unwrap_or_else(|p| p.into_inner());
+            match guard.as_ref() {
+                Some(hw) => hw.reset().and_then(|()| hw.set_low_power(true)),
+                None => Err(Error::Gone),
+            }
+        };
+        let Err(e) = entered else {
+            return Ok(());
+        };
+        // Still in D0 (whatever reset it had, it is set up again).
+        match self.reinit() {
+            Ok(()) => self.low_power.store(false, Ordering::Release),
+            Err(again) => self.broken(
+                &self.data,
+                Error::Broken(format!(
+                    "low-power entry failed ({e}) and the device did not come back: {again}"
+                )),
+                Vec::new(),
+            ),
+        }
+        Err(e)
+    }
+
+    /// Whether the device takes requests, suspended or not.
+    fn accepting_or_suspended(&self) -> Result<(), Error> {
+        if let Some(why) = self
+            .broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            return Err(Error::Broken(why.clone()));
+        }
+        if self.gone.load(Ordering::Acquire) {
+            return Err(Error::Gone);
+        }
+        Ok(())
+    }
+
+    /// Why a request failed whose completion will never come: the device
+    /// broke the rules, or it was reset or removed.
+    fn failure(&self) -> Error {
+        match self.accepting_or_suspended() {
+            Err(e) => e,
+            Ok(()) => Error::Gone,
         }
     }
 
@@ -767,21 +906,12 @@ impl Inner {
     /// in flight fail, the device fd is closed and the BARs unmapped (the
     /// removal waits for that), and nothing reaches the device again.
     fn release(&self) {
-        let held: usize = [&self.data, &self.ctrl]
-            .iter()
-            .map(|q| {
-                q.state
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .pending
-                    .len()
-            })
-            .sum();
+        let held = self.data.in_flight() + self.ctrl.in_flight();
         self.released_with.store(held, Ordering::Release);
         self.fail_all();
         let hw = self.hw.write().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(hw) = hw {
-            let _ = hw.vfio.disable_msix();
+            let _ = hw.disable_msix();
             drop(hw);
         }
         // Its IOMMU mappings went with it: the parked buffers are free.
@@ -797,12 +927,11 @@ impl Inner {
     fn fail_all(&self) {
         self.gone.store(true, Ordering::Release);
         for q in [&self.data, &self.ctrl] {
-            let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
-            let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
-            // Dropping the sender fails the waiting caller.
-            parked.extend(state.pending.drain().flat_map(Pending::fail));
-            drop(state);
-            q.room.notify_waiters();
+            let failed = q.fail_all();
+            self.parked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(failed);
         }
     }
 
@@ -814,145 +943,31 @@ impl Inner {
         buf: DmaBuf,
         chain: &[Segment],
     ) -> Result<(DmaBuf, u32), Error> {
-        self.enqueue_one(q, buf, Chain::new(chain)?, None)
-            .await?
-            .await
-            .map_err(|_| Error::Gone)
+        let rx = q.enqueue_one(self, buf, Chain::new(chain)?, None).await?;
+        rx.await.map_err(|_| self.failure())
     }
 
-    /// Submits one chain (whose memory is all in `buf`; with `table`, the
-    /// offset in `buf` where [`Layout::write_chain`] wrote it as an
-    /// indirect table), waiting for room in the queue (back-pressure); the
-    /// receiver gets `buf` back when the device completes it.
-    ///
-    /// [`Layout::write_chain`]: crate::request::Layout::write_chain
+    /// Submits a data request (its memory all in `buf`, its chain also
+    /// written as an indirect table at `table`), waiting for room in the
+    /// queue: [`Queue::enqueue_one`].
     ///
     /// # Cancel safety
-    /// Cancel safe: the request is either queued (its buffer held by the
-    /// queue until completion) or dropped unsent.
+    /// As for [`Queue::enqueue_one`].
     pub(crate) async fn enqueue_one(
         &self,
-        q: &Queue,
         buf: DmaBuf,
         chain: Chain,
-        table: Option<usize>,
+        table: u64,
     ) -> Result<oneshot::Receiver<(DmaBuf, u32)>, Error> {
-        let (tx, rx) = oneshot::channel();
-        let table = table.map(|at| buf.iova(at));
-        let mut one = Some(Pending::One { buf, tx });
-        self.enqueue_with(q, 1, |state, _| {
-            let staged = match table {
-                Some(table) => state.ring.stage_request(chain.segments(), table),
-                None => state.ring.stage(chain.segments()),
-            };
-            match (staged, one.take()) {
-                (Ok(Some(head)), Some(p)) => {
-                    state.pending.insert(head, p);
-                    (1, Ok(()))
-                }
-                (Err(e), _) => (0, Err(e)),
-                _ => (0, Ok(())),
-            }
-        })
-        .await?;
-        Ok(rx)
+        self.data.enqueue_one(self, buf, chain, Some(table)).await
     }
 
-    /// Submits the requests of `burst` (prepared with their indirect
-    /// tables), as many as the queue takes under one lock and with one
-    /// notification, waiting for room for the rest.
+    /// Submits the requests of `burst`: [`Queue::enqueue_burst`].
     ///
     /// # Cancel safety
-    /// As for [`Inner::enqueue_one`]: whatever was queued is held by the
-    /// queue (through the burst) until it completes.
-    pub(crate) async fn enqueue_burst(&self, q: &Queue, burst: &Arc<Burst>) -> Result<(), Error> {
-        self.enqueue_with(q, burst.len, |state, mut next| {
-            // The burst's lock once per pass, not per request.
-            burst.with_requests(|requests| {
-                for r in &requests[next.min(requests.len())..] {
-                    match state
-                        .ring
-                        .stage_request(r.chain.segments(), r.dma.iova(TABLE_AT))
-                    {
-                        Ok(Some(head)) => {
-                            state.pending.insert(head, Pending::Burst(burst.clone()));
-                            next += 1;
-                        }
-                        Ok(None) => break,
-                        Err(e) => return (next, Err(e)),
-                    }
-                }
-                (next, Ok(()))
-            })
-        })
-        .await
-    }
-
-    /// Submits `n` requests: `stage(state, next)` writes requests from
-    /// `next` on into the ring, with what the queue holds for each until it
-    /// completes, as many as fit; it returns where it stopped (and an error
-    /// that stopped it). Those go to the device with one index write and
-    /// one notification; then this waits for room for the rest
-    /// (back-pressure).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a request is either queued (its memory held by the
-    /// queue until completion) or dropped unsent.
-    async fn enqueue_with(
-        &self,
-        q: &Queue,
-        n: usize,
-        mut stage: impl FnMut(&mut QueueState, usize) -> (usize, Result<(), Error>),
-    ) -> Result<(), Error> {
-        let mut next = 0;
-        while next < n {
-            let room = q.room.notified();
-            tokio::pin!(room);
-            room.as_mut().enable();
-            // Counted before the ring is looked at under its lock, so that
-            // a drain that frees descriptors after that look sees it.
-            let _waiting = RoomWaiter::new(q);
-            let (notify, full) = {
-                let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
-                if self.gone.load(Ordering::Acquire) {
-                    return Err(Error::Gone);
-                }
-                if self.low_power.load(Ordering::Acquire) {
-                    return Err(Error::Device(
-                        "the device is suspended: resume it first".into(),
-                    ));
-                }
-                let (done, staged) = stage(&mut state, next);
-                let pushed = done > next;
-                next = done;
-                // What was staged goes out even if a later request failed:
-                // its memory is the queue's now and comes back on completion.
-                if pushed {
-                    state.ring.publish()?;
-                }
-                staged?;
-                let full = (next < n).then(|| state.ring.free_descriptors());
-                (pushed && state.ring.needs_notify()?, full)
-            };
-            if notify {
-                self.with_hw(|hw| hw.transport.notify(q.notify_off, q.index))?;
-            }
-            if let Some(free) = full {
-                // Queue full: completions free descriptors. Look at the
-                // ring first (interrupts may be off for pollers), then wait.
-                self.drain(q);
-                if q.state
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .ring
-                    .free_descriptors()
-                    <= free
-                {
-                    room.await;
-                }
-            }
-        }
-        Ok(())
+    /// As for [`Queue::enqueue_burst`].
+    pub(crate) async fn enqueue_burst(&self, burst: &Arc<Burst>) -> Result<(), Error> {
+        self.data.enqueue_burst(self, burst).await
     }
 
     pub(crate) async fn create_session(
@@ -999,23 +1014,6 @@ impl Inner {
     }
 }
 
-/// A submitter that may wait for room in a queue, counted so that drains
-/// wake waiters only when there are any.
-struct RoomWaiter<'a>(&'a Queue);
-
-impl<'a> RoomWaiter<'a> {
-    fn new(q: &'a Queue) -> RoomWaiter<'a> {
-        q.room_waiters.fetch_add(1, Ordering::AcqRel);
-        RoomWaiter(q)
-    }
-}
-
-impl Drop for RoomWaiter<'_> {
-    fn drop(&mut self) {
-        self.0.room_waiters.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// A caller polling a queue: the device is asked for no interrupts while
 /// any caller polls; the last one out turns them back on and drains the
 /// ring (a completion may have come while they were off, with no
@@ -1027,7 +1025,7 @@ struct Polling<'a> {
 
 impl<'a> Polling<'a> {
     fn start(dev: &'a Inner, q: &'a Queue) -> Polling<'a> {
-        let mut state = q.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = q.lock();
         state.pollers += 1;
         if state.pollers == 1 {
             let _ = state.ring.set_interrupts(false);
@@ -1038,7 +1036,7 @@ impl<'a> Polling<'a> {
 
 impl Drop for Polling<'_> {
     fn drop(&mut self) {
-        let mut state = self.q.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.q.lock();
         state.pollers -= 1;
         let last = state.pollers == 0;
         if last {
@@ -1070,12 +1068,69 @@ impl Drop for Inner {
         }
         let hw = self.hw.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(hw) = hw {
-            if self.low_power.load(Ordering::Acquire) {
-                let _ = hw.vfio.set_low_power(false);
+            let awake = !self.low_power.load(Ordering::Acquire) || hw.set_low_power(false).is_ok();
+            // Only with the function out of D3hot are its registers there.
+            if awake {
+                let _ = hw.reset();
             }
-            let _ = hw.transport.reset();
-            let _ = hw.vfio.disable_msix();
-            let _ = hw.vfio.reset();
+            let _ = hw.disable_msix();
+            let _ = hw.reset_function();
         }
     }
 }
+
+/// The error for requests and register access while in D3hot.
+fn suspended() -> Error {
+    Error::Device("the device is suspended: resume it first".into())
+}
+
+impl Host for Inner {
+    fn accepting(&self) -> Result<(), Error> {
+        self.accepting_or_suspended()?;
+        if self.low_power.load(Ordering::Acquire) {
+            return Err(suspended());
+        }
+        Ok(())
+    }
+
+    fn notify(&self, q: &Queue) -> Result<(), Error> {
+        // Under the read lock a suspend's entry into D3hot takes for
+        // writing. Marked suspended already, the device held no request
+        // when it was (it refuses otherwise): the one this doorbell was
+        // for has completed, and the doorbell is not rung into D3hot.
+        self.with_hw(|hw| {
+            if self.low_power.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            hw.notify(q.notify_off, q.index)
+        })
+    }
+
+    fn broken(&self, q: &Queue, error: Error, orphans: Vec<DmaBuf>) {
+        {
+            let mut broken = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+            if broken.is_none() {
+                tracing::error!(
+                    address = %self.address,
+                    queue = q.index,
+                    %error,
+                    "device broke the virtio rules; failing it"
+                );
+                *broken = Some(error.to_string());
+            }
+        }
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(orphans);
+        self.fail_all();
+    }
+
+    fn completed(&self, n: u64) {
+        self.count_completions(n);
+    }
+}
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;

@@ -154,6 +154,75 @@ impl DmaPool {
     }
 }
 
+/// The device's access to the pool, by device address (for the emulated
+/// device of the tests and the fuzz harness, which play the device over
+/// plain memory): bounds-checked, through the same volatile accessors.
+#[cfg(any(test, feature = "fuzzing"))]
+impl DmaPool {
+    /// The pool offset of `len` bytes at device address `iova`, if they
+    /// are all inside the pool.
+    fn device_offset(&self, iova: u64, len: usize) -> Result<usize, Error> {
+        let offset = iova
+            .checked_sub(self.iova)
+            .and_then(|o| usize::try_from(o).ok())
+            .filter(|&o| o.checked_add(len).is_some_and(|end| end <= self.mem.len()));
+        offset.ok_or_else(|| {
+            Error::Device(format!(
+                "device access of {len} bytes at {iova:#x} outside the pool"
+            ))
+        })
+    }
+
+    /// The device reads `out.len()` bytes at `iova`.
+    pub fn device_read(&self, iova: u64, out: &mut [u8]) -> Result<(), Error> {
+        self.mem
+            .read_bytes(self.device_offset(iova, out.len())?, out)
+    }
+
+    /// The device writes `data` at `iova`.
+    pub fn device_write(&self, iova: u64, data: &[u8]) -> Result<(), Error> {
+        self.mem
+            .write_bytes(self.device_offset(iova, data.len())?, data)
+    }
+
+    /// The device reads a little-endian `u16` at `iova`.
+    pub fn device_read_u16(&self, iova: u64) -> Result<u16, Error> {
+        self.mem.read_u16(self.device_offset(iova, 2)?)
+    }
+
+    /// The device reads a little-endian `u32` at `iova`.
+    pub fn device_read_u32(&self, iova: u64) -> Result<u32, Error> {
+        self.mem.read_u32(self.device_offset(iova, 4)?)
+    }
+
+    /// The device reads a little-endian `u64` at `iova`.
+    pub fn device_read_u64(&self, iova: u64) -> Result<u64, Error> {
+        self.mem.read_u64(self.device_offset(iova, 8)?)
+    }
+
+    /// The device writes a little-endian `u16` at `iova`.
+    pub fn device_write_u16(&self, iova: u64, value: u16) -> Result<(), Error> {
+        self.mem.write_u16(self.device_offset(iova, 2)?, value)
+    }
+
+    /// The device writes a little-endian `u32` at `iova`.
+    pub fn device_write_u32(&self, iova: u64, value: u32) -> Result<(), Error> {
+        self.mem.write_u32(self.device_offset(iova, 4)?, value)
+    }
+
+    /// Whether every byte of `iova..iova + len` belongs to a buffer handed
+    /// out and not yet returned (memory a chain in the device may point
+    /// at must be).
+    pub fn is_allocated(&self, iova: u64, len: usize) -> bool {
+        let Ok(offset) = self.device_offset(iova, len.max(1)) else {
+            return false;
+        };
+        let used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let last = (offset + len.max(1) - 1) / UNIT;
+        used[offset / UNIT..=last].iter().all(|u| *u)
+    }
+}
+
 impl Drop for DmaPool {
     fn drop(&mut self) {
         if let Some(c) = &self.container {

@@ -28,6 +28,19 @@ pub enum Error {
     /// missing capability, a feature it refuses, a malformed completion).
     #[error("device: {0}")]
     Device(String),
+    /// The device broke the virtio rules (a used entry naming no chain it
+    /// holds, a used index running ahead of its requests, a configuration
+    /// no driver can work with): it is no longer trusted. Every request it
+    /// held failed (their memory stays with the driver until a reset) and
+    /// it takes no more until it is opened again.
+    #[error("the device broke the virtio rules and is no longer trusted: {0}")]
+    Broken(String),
+    /// A request took longer than its timeout (the device may be hung);
+    /// the caller's buffer comes back unchanged, and the request's DMA
+    /// memory stays with the driver until the device completes it or is
+    /// reset.
+    #[error("the request timed out after {0:?}")]
+    Timeout(std::time::Duration),
     /// The device answered a request with an error status.
     #[error("the device answered {status}: {}", status_name(*.status))]
     Status {

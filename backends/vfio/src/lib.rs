@@ -3,11 +3,19 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod device;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod device_ring;
 pub mod discover;
 pub mod dma;
+#[cfg(test)]
+mod emulated;
 mod error;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod harness;
+pub mod limits;
 mod mem;
 mod pci;
+mod platform;
 pub mod protocol;
 mod queue;
 mod request;
@@ -17,9 +25,11 @@ pub mod transport;
 pub mod vfio;
 pub mod virtqueue;
 
-pub use device::{CryptoDevice, MAX_REQUEST, POLL_FOR, POOL_BYTES};
+pub use device::{CryptoDevice, POLL_FOR};
 pub use discover::{VIRTIO_CRYPTO, devices, unavailable_reason};
 pub use error::{Error, Failed, status_name};
+pub use limits::{Limits, MAX_REQUEST};
+pub use platform::POOL_BYTES;
 pub use protocol::CipherAlgo;
 pub use request::DmaRequest;
-pub use session::CipherSession;
+pub use session::{CipherSession, RequestTimeout, UNITS_IN_FLIGHT};

@@ -9,7 +9,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::dma::DmaBuf;
 use crate::error::Error;
-use crate::request::DmaRequest;
+use crate::request::{Chain, DmaRequest, TABLE_AT};
 use crate::virtqueue::SplitQueue;
 
 /// A request the device holds, and where its completion goes. Its memory
@@ -113,6 +113,12 @@ impl Burst {
     }
 }
 
+/// A request [`Pendings::insert`] would not take, with why.
+pub(crate) struct Refused {
+    pub(crate) error: Error,
+    pub(crate) pending: Pending,
+}
+
 /// The requests a queue's device holds, by head descriptor (a slot per
 /// descriptor: no hashing on the per-request path).
 pub(crate) struct Pendings {
@@ -128,12 +134,35 @@ impl Pendings {
         }
     }
 
-    pub(crate) fn insert(&mut self, head: u16, pending: Pending) {
-        if let Some(slot) = self.slots.get_mut(usize::from(head))
-            && slot.replace(pending).is_none()
-        {
-            self.len += 1;
+    /// Records `pending` under `head`. A head that is out of range or
+    /// still holds a request is refused (the request stays where it was,
+    /// to be failed, never silently dropped): the ring handed out a head
+    /// it had not got back, which is a broken ring.
+    pub(crate) fn insert(&mut self, head: u16, pending: Pending) -> Result<(), Refused> {
+        match self.slots.get_mut(usize::from(head)) {
+            Some(slot @ None) => {
+                *slot = Some(pending);
+                self.len += 1;
+                Ok(())
+            }
+            // Keep the live request; the new one goes back to be failed.
+            Some(Some(_)) => Err(Refused {
+                error: Error::Broken(format!("head {head} reused while its request is pending")),
+                pending,
+            }),
+            None => Err(Refused {
+                error: Error::Broken(format!("head {head} past the ring")),
+                pending,
+            }),
         }
+    }
+
+    /// Whether `head` holds a request.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn contains(&self, head: u16) -> bool {
+        self.slots
+            .get(usize::from(head))
+            .is_some_and(Option::is_some)
     }
 
     pub(crate) fn remove(&mut self, head: u16) -> Option<Pending> {
@@ -158,6 +187,24 @@ impl Pendings {
     }
 }
 
+/// What a queue needs from the device it belongs to.
+pub(crate) trait Host {
+    /// Whether the device takes requests now (called under the queue's
+    /// lock, so that a suspend or a failure that takes the same lock is
+    /// never crossed by a request).
+    fn accepting(&self) -> Result<(), Error>;
+    /// Tells the device that `q` has new requests (a BAR write). Called
+    /// after the queue's lock is released.
+    fn notify(&self, q: &Queue) -> Result<(), Error>;
+    /// The device broke the ring's rules on `q`: it must be failed whole
+    /// (every queue's requests failed, their memory parked, with
+    /// `orphans`: memory a chain in the ring points at that no request
+    /// holds) and never trusted again.
+    fn broken(&self, q: &Queue, error: Error, orphans: Vec<DmaBuf>);
+    /// `n` completions were handed back by this thread.
+    fn completed(&self, _n: u64) {}
+}
+
 pub(crate) struct Queue {
     pub(crate) index: u16,
     pub(crate) notify_off: usize,
@@ -176,10 +223,276 @@ pub(crate) struct QueueState {
     pub(crate) pollers: usize,
 }
 
+impl Queue {
+    pub(crate) fn new(index: u16, notify_off: usize, ring: SplitQueue) -> Queue {
+        let size = ring.size();
+        Queue {
+            index,
+            notify_off,
+            state: Mutex::new(QueueState {
+                ring,
+                pending: Pendings::new(size),
+                pollers: 0,
+            }),
+            room: Notify::new(),
+            room_waiters: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Requests the device holds on this queue.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    /// Hands every completed request back to its caller; how many callers
+    /// that finished (whose tasks may now go on). A completion that breaks
+    /// the ring's rules is reported to `host` ([`Host::broken`]), which
+    /// fails the device; nothing is freed for it.
+    pub(crate) fn drain(&self, host: &impl Host) -> u64 {
+        let mut state = self.lock();
+        let mut freed = 0u64;
+        let mut finished = 0u64;
+        loop {
+            match state.ring.pop_used() {
+                Ok(Some((head, len))) => {
+                    freed += 1;
+                    match state.pending.remove(head) {
+                        Some(p) => finished += u64::from(p.complete(len)),
+                        None => {
+                            // The ring and the requests are kept together
+                            // under this lock: a head the ring held that no
+                            // request owns is this driver's bug, never
+                            // papered over.
+                            drop(state);
+                            host.broken(
+                                self,
+                                Error::Broken(format!(
+                                    "completion of head {head} owned by no request"
+                                )),
+                                Vec::new(),
+                            );
+                            return finished;
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!(%e, queue = self.index, "device broke its ring");
+                    drop(state);
+                    host.broken(self, e, Vec::new());
+                    return finished;
+                }
+            }
+        }
+        drop(state);
+        if freed > 0 {
+            if self.room_waiters.load(Ordering::Acquire) > 0 {
+                self.room.notify_waiters();
+            }
+            host.completed(freed);
+        }
+        finished
+    }
+
+    /// Fails every request the device holds here: their callers' waits
+    /// fail; their memory, which the device may still write, is returned
+    /// to be parked until it no longer can. Submitters waiting for room
+    /// are woken (to find the device failed).
+    pub(crate) fn fail_all(&self) -> Vec<DmaBuf> {
+        let mut state = self.lock();
+        let parked = state.pending.drain().flat_map(Pending::fail).collect();
+        drop(state);
+        self.room.notify_waiters();
+        parked
+    }
+
+    /// Submits one chain (whose memory is all in `buf`; with `table`, the
+    /// device address where [`Layout::write_chain`] wrote it as an indirect
+    /// table), waiting for room in the queue (back-pressure); the receiver
+    /// gets `buf` back when the device completes it.
+    ///
+    /// [`Layout::write_chain`]: crate::request::Layout::write_chain
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the request is either queued (its buffer held by the
+    /// queue until completion) or dropped unsent.
+    pub(crate) async fn enqueue_one(
+        &self,
+        host: &impl Host,
+        buf: DmaBuf,
+        chain: Chain,
+        table: Option<u64>,
+    ) -> Result<oneshot::Receiver<(DmaBuf, u32)>, Error> {
+        let (tx, rx) = oneshot::channel();
+        // Held here until the ring takes the chain: a full ring leaves it
+        // (and its reply channel) with this future, to try again.
+        let mut one = Some(Pending::One { buf, tx });
+        self.enqueue_with(host, 1, |state, _, orphans| {
+            let staged = match table {
+                Some(table) => state.ring.stage_request(chain.segments(), table),
+                None => state.ring.stage(chain.segments()),
+            };
+            match staged {
+                // Staged once only: the loop stops at 1.
+                Ok(Some(head)) => match one.take() {
+                    Some(p) => (1, record(state, head, p, orphans)),
+                    None => (1, Ok(())),
+                },
+                // Full: the request stays with this future.
+                Ok(None) => (0, Ok(())),
+                Err(e) => (0, Err(e)),
+            }
+        })
+        .await?;
+        Ok(rx)
+    }
+
+    /// Submits the requests of `burst` (prepared with their indirect
+    /// tables), as many as the queue takes under one lock and with one
+    /// notification, waiting for room for the rest.
+    ///
+    /// # Cancel safety
+    /// As for [`Queue::enqueue_one`]: whatever was queued is held by the
+    /// queue (through the burst) until it completes.
+    pub(crate) async fn enqueue_burst(
+        &self,
+        host: &impl Host,
+        burst: &Arc<Burst>,
+    ) -> Result<(), Error> {
+        self.enqueue_with(host, burst.len, |state, mut next, orphans| {
+            // The burst's lock once per pass, not per request.
+            burst.with_requests(|requests| {
+                for r in &requests[next.min(requests.len())..] {
+                    match state
+                        .ring
+                        .stage_request(r.chain.segments(), r.dma.iova(TABLE_AT))
+                    {
+                        Ok(Some(head)) => {
+                            next += 1;
+                            let p = Pending::Burst(burst.clone());
+                            if let Err(e) = record(state, head, p, orphans) {
+                                return (next, Err(e));
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => return (next, Err(e)),
+                    }
+                }
+                (next, Ok(()))
+            })
+        })
+        .await
+    }
+
+    /// Submits `n` requests: `stage(state, next, orphans)` writes requests
+    /// from `next` on into the ring, with what the queue holds for each
+    /// until it completes, as many as fit; it returns where it stopped (and
+    /// an error that stopped it). Those go to the device with one index
+    /// write and one notification; then this waits for room for the rest
+    /// (back-pressure). A [`Error::Broken`] from staging fails the device
+    /// (with `orphans`, memory staged chains point at that no request
+    /// holds).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a request is either queued (its memory held by the
+    /// queue until completion) or dropped unsent.
+    async fn enqueue_with(
+        &self,
+        host: &impl Host,
+        n: usize,
+        mut stage: impl FnMut(&mut QueueState, usize, &mut Vec<DmaBuf>) -> (usize, Result<(), Error>),
+    ) -> Result<(), Error> {
+        let mut next = 0;
+        while next < n {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            // Counted before the ring is looked at under its lock, so that
+            // a drain that frees descriptors after that look sees it.
+            let _waiting = RoomWaiter::new(self);
+            let mut orphans = Vec::new();
+            let step = {
+                let mut state = self.lock();
+                host.accepting()?;
+                let (done, staged) = stage(&mut state, next, &mut orphans);
+                let pushed = done > next;
+                next = done;
+                // What was staged goes out even if a later request failed:
+                // its memory is the queue's now and comes back on completion.
+                let published = if pushed { state.ring.publish() } else { Ok(()) };
+                published.and(staged).and_then(|()| {
+                    let full = (next < n).then(|| state.ring.free_descriptors());
+                    Ok((pushed && state.ring.needs_notify()?, full))
+                })
+            };
+            let (notify, full) = match step {
+                Ok(step) => step,
+                Err(Error::Broken(why)) => {
+                    host.broken(self, Error::Broken(why.clone()), orphans);
+                    return Err(Error::Broken(why));
+                }
+                Err(e) => return Err(e),
+            };
+            if notify {
+                host.notify(self)?;
+            }
+            if let Some(free) = full {
+                // Queue full: completions free descriptors. Look at the
+                // ring first (interrupts may be off for pollers), then wait.
+                self.drain(host);
+                if self.lock().ring.free_descriptors() <= free {
+                    room.await;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Records `p` as the request the device holds under `head`; a refusal
+/// (the ring handed out a head it had not got back) hands the request's
+/// memory to `orphans`, to be parked with the failed device.
+fn record(
+    state: &mut QueueState,
+    head: u16,
+    p: Pending,
+    orphans: &mut Vec<DmaBuf>,
+) -> Result<(), Error> {
+    state.pending.insert(head, p).map_err(|refused| {
+        orphans.extend(refused.pending.fail());
+        refused.error
+    })
+}
+
+/// A submitter that may wait for room in a queue, counted so that drains
+/// wake waiters only when there are any.
+struct RoomWaiter<'a>(&'a Queue);
+
+impl<'a> RoomWaiter<'a> {
+    fn new(q: &'a Queue) -> RoomWaiter<'a> {
+        q.room_waiters.fetch_add(1, Ordering::AcqRel);
+        RoomWaiter(q)
+    }
+}
+
+impl Drop for RoomWaiter<'_> {
+    fn drop(&mut self) {
+        self.0.room_waiters.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicU64;
+
     use super::*;
+    use crate::device_ring::DeviceRing;
     use crate::dma::DmaPool;
+    use crate::virtqueue::Segment;
 
     fn buf(pool: &Arc<DmaPool>) -> DmaBuf {
         pool.try_alloc(16).unwrap().unwrap()
@@ -203,17 +516,25 @@ mod tests {
     }
 
     #[test]
-    fn pendings_count_what_they_hold() {
+    fn pendings_count_what_they_hold_and_refuse_a_taken_head() {
         let pool = Arc::new(DmaPool::unmapped(1 << 16).unwrap());
         let mut p = Pendings::new(8);
-        p.insert(3, one(&pool));
+        assert!(p.insert(3, one(&pool)).is_ok());
+        assert_eq!(p.len(), 1);
+        assert!(p.contains(3));
+        // A head still pending is refused, and the request handed back
+        // (its memory to be parked, never dropped while a chain names it).
+        let refused = p.insert(3, one(&pool)).err().unwrap();
+        assert!(matches!(refused.error, Error::Broken(_)));
+        assert_eq!(refused.pending.fail().len(), 1);
+        assert!(p.insert(9, one(&pool)).is_err(), "past the ring");
         assert_eq!(p.len(), 1);
         assert!(p.remove(2).is_none());
         assert!(p.remove(9).is_none(), "past the ring: nothing, no panic");
         assert!(p.remove(3).is_some());
         assert!(p.is_empty());
         for head in [1, 5] {
-            p.insert(head, one(&pool));
+            assert!(p.insert(head, one(&pool)).is_ok());
         }
         assert_eq!(p.drain().count(), 2);
         assert!(p.is_empty());
@@ -237,5 +558,144 @@ mod tests {
         assert!(Pending::Burst(failed.clone()).fail().is_empty());
         assert!(matches!(failed.finished(), Err(Error::Gone)));
         assert!(failed.take().is_empty());
+    }
+
+    /// A device host that takes everything and records what it is told.
+    #[derive(Default)]
+    struct TestHost {
+        notified: AtomicU64,
+        broken: Mutex<Option<String>>,
+        parked: Mutex<Vec<DmaBuf>>,
+    }
+
+    impl Host for TestHost {
+        fn accepting(&self) -> Result<(), Error> {
+            match &*self.broken.lock().unwrap() {
+                Some(why) => Err(Error::Broken(why.clone())),
+                None => Ok(()),
+            }
+        }
+        fn notify(&self, _q: &Queue) -> Result<(), Error> {
+            self.notified.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        fn broken(&self, q: &Queue, error: Error, orphans: Vec<DmaBuf>) {
+            *self.broken.lock().unwrap() = Some(error.to_string());
+            let mut parked = self.parked.lock().unwrap();
+            parked.extend(orphans);
+            parked.extend(q.fail_all());
+        }
+    }
+
+    /// A queue of `size` entries in its own pool, and the device's side.
+    fn queue(size: u16) -> (Arc<Queue>, DeviceRing, Arc<DmaPool>) {
+        let pool = Arc::new(DmaPool::unmapped(1 << 20).unwrap());
+        let mem = pool.try_alloc(SplitQueue::bytes(size)).unwrap().unwrap();
+        let ring = SplitQueue::new(mem, size).unwrap();
+        let device = DeviceRing::new(pool.clone(), size, ring.addresses());
+        (Arc::new(Queue::new(0, 0, ring)), device, pool)
+    }
+
+    /// A one-segment request whose buffer carries `tag`.
+    fn tagged(pool: &Arc<DmaPool>, tag: u64) -> (DmaBuf, Chain) {
+        let b = pool.try_alloc(64).unwrap().unwrap();
+        b.write_u64(0, tag).unwrap();
+        let chain = Chain::new(&[Segment {
+            iova: b.iova(0),
+            len: 64,
+            device_writes: true,
+        }])
+        .unwrap();
+        (b, chain)
+    }
+
+    /// Four times as many requests as the ring holds, all submitted at
+    /// once: each waits for room (none is lost), every chain the device
+    /// sees points at memory its request still holds, and every caller
+    /// gets its own buffer back.
+    #[tokio::test]
+    async fn more_requests_than_the_ring_holds_all_complete_to_their_callers() {
+        let (q, mut device, pool) = queue(4);
+        let idle = pool.units_in_use();
+        let host = Arc::new(TestHost::default());
+        let tasks: Vec<_> = (0..16u64)
+            .map(|tag| {
+                let (q, host, pool) = (q.clone(), host.clone(), pool.clone());
+                tokio::spawn(async move {
+                    let (b, chain) = tagged(&pool, tag);
+                    let rx = q.enqueue_one(&*host, b, chain, None).await?;
+                    let (b, len) = rx.await.map_err(|_| Error::Gone)?;
+                    Ok::<_, Error>((tag, b.read_u64(0)?, len))
+                })
+            })
+            .collect();
+        let mut completed = 0u32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !tasks.iter().all(|t| t.is_finished()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "requests lost: {} of 16 callers still waiting after 10 s",
+                tasks.iter().filter(|t| !t.is_finished()).count()
+            );
+            tokio::task::yield_now().await;
+            while let Some(head) = device.pop_avail().unwrap() {
+                for d in device.chain(head).unwrap() {
+                    assert!(
+                        pool.is_allocated(d.addr, d.len as usize),
+                        "the device was handed a chain into freed memory"
+                    );
+                }
+                completed += 1;
+                device.push_used(u32::from(head), completed).unwrap();
+            }
+            q.drain(&*host);
+        }
+        for t in tasks {
+            let (tag, back, _) = t.await.unwrap().unwrap();
+            assert_eq!(tag, back, "a caller got another's buffer");
+        }
+        assert_eq!(completed, 16, "the device saw every request once");
+        assert!(host.broken.lock().unwrap().is_none());
+        let state = q.lock();
+        assert_eq!((state.pending.len(), state.ring.chains_in_flight()), (0, 0));
+        assert_eq!(
+            state.ring.busy_descriptors(),
+            0,
+            "no chain left in the ring"
+        );
+        drop(state);
+        assert_eq!(pool.units_in_use(), idle, "every buffer returned");
+    }
+
+    /// A used entry naming no chain the device holds fails the device:
+    /// every request is failed, their memory parked (not freed), and no
+    /// more are taken.
+    #[tokio::test]
+    async fn a_rule_breaking_completion_fails_everything_and_parks_the_memory() {
+        let (q, mut device, pool) = queue(8);
+        let host = TestHost::default();
+        let mut rxs = Vec::new();
+        for tag in 0..3 {
+            let (b, chain) = tagged(&pool, tag);
+            rxs.push(q.enqueue_one(&host, b, chain, None).await.unwrap());
+        }
+        let held = pool.units_in_use();
+        let head = device.pop_avail().unwrap().unwrap();
+        // An id past the ring, as the next used entry.
+        device.write_used_entry(0, 77, 0).unwrap();
+        device.set_used_idx(1).unwrap();
+        q.drain(&host);
+        assert!(host.broken.lock().unwrap().is_some());
+        for rx in rxs {
+            assert!(rx.await.is_err(), "a failed request's caller is told");
+        }
+        assert_eq!(host.parked.lock().unwrap().len(), 3, "parked, not freed");
+        assert_eq!(pool.units_in_use(), held);
+        let (b, chain) = tagged(&pool, 9);
+        assert!(matches!(
+            q.enqueue_one(&host, b, chain, None).await,
+            Err(Error::Broken(_))
+        ));
+        let _ = head;
     }
 }

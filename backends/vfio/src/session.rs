@@ -1,20 +1,47 @@
 //! Cipher sessions on the device: one device session per direction,
 //! requests copied through the DMA pool (or prepared in it), long ones
-//! chained, XTS data units all in flight at once.
+//! chained, XTS data units in a bounded window, and request timeouts.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tracing::Instrument;
-use zeroize::Zeroize;
+use zeroize::{Zeroize, Zeroizing};
 
-use crate::device::{Inner, MAX_REQUEST};
+use crate::device::Inner;
 use crate::dma::{DmaBuf, UNIT};
 use crate::error::{Error, Failed};
 use crate::protocol::{self, CipherAlgo};
 use crate::queue::Burst;
 use crate::request::{Chain, DmaRequest, IV_AT, Layout, STATUS_AT, TABLE_AT};
+
+/// How long a request may take before it is given up as hung: `fixed`
+/// plus `per_mib` for each MiB of data. A request that times out comes
+/// back with [`Error::Timeout`] and the caller's buffer unchanged; its DMA
+/// memory stays with the driver until the device completes it or is reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTimeout {
+    /// The time every request may take.
+    pub fixed: Duration,
+    /// More time per MiB of data.
+    pub per_mib: Duration,
+}
+
+impl RequestTimeout {
+    /// The time a `len`-byte request may take (saturating).
+    pub fn for_len(self, len: usize) -> Duration {
+        let mib = len as f64 / f64::from(1u32 << 20);
+        let more =
+            Duration::try_from_secs_f64(self.per_mib.as_secs_f64() * mib).unwrap_or(Duration::MAX);
+        self.fixed.saturating_add(more)
+    }
+}
+
+/// The most XTS data units one request keeps in the device at once.
+pub const UNITS_IN_FLIGHT: usize = 64;
 
 /// A cipher session on the device: one device session for each direction,
 /// destroyed when this is dropped.
@@ -25,6 +52,8 @@ pub struct CipherSession {
     pub(crate) ids: [u64; 2],
     /// Destroyed already (by [`CipherSession::close`]).
     pub(crate) closed: bool,
+    /// How long a request may take.
+    pub(crate) timeout: Option<RequestTimeout>,
 }
 
 impl std::fmt::Debug for CipherSession {
@@ -32,6 +61,7 @@ impl std::fmt::Debug for CipherSession {
         f.debug_struct("CipherSession")
             .field("device", &self.dev.address)
             .field("algo", &self.algo)
+            .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
 }
@@ -60,6 +90,21 @@ impl CipherSession {
     /// Its mode.
     pub fn algo(&self) -> CipherAlgo {
         self.algo
+    }
+
+    /// Gives up on a request that takes longer than `timeout` (measured
+    /// from its start, including any wait for room in the queue or the DMA
+    /// pool): it fails with [`Error::Timeout`] and the caller's buffer
+    /// unchanged. Without one (the default) a request waits for its
+    /// device as long as it takes.
+    pub fn with_timeout(mut self, timeout: RequestTimeout) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The most data one request carries whole (the device's limits).
+    pub fn max_request(&self) -> usize {
+        self.dev.limits.max_request
     }
 
     /// The DMA memory one request of `len` bytes takes from the device's
@@ -132,8 +177,12 @@ impl CipherSession {
 
     /// Encrypts or decrypts `buf` as consecutive XTS data units of
     /// `unit_len` bytes, unit `i` with tweak `first_tweak + i` (a 128-bit
-    /// little-endian counter, wrapping), all units in flight at once. Other
-    /// modes, or one unit, are one request.
+    /// little-endian counter, wrapping). At most [`UNITS_IN_FLIGHT`] units
+    /// (and a quarter of the DMA pool) are in the device at once, and a
+    /// request never waits for DMA memory while it holds any: it collects
+    /// its oldest unit first. So any number of requests of any length
+    /// share the pool without deadlock. Other modes, or one unit, are one
+    /// request.
     ///
     /// # Errors
     /// As for [`CipherSession::encrypt`]; [`Error::Invalid`] for units
@@ -161,34 +210,93 @@ impl CipherSession {
         if let Err(error) = self.check(first_tweak, unit_len) {
             return Err(Failed { error, buf });
         }
+        let span = tracing::trace_span!("vfio.units", encrypt, unit_len, len = buf.len());
         let first = u128::from_le_bytes(*first_tweak);
-        let r = async {
-            let mut started = Vec::with_capacity(buf.len() / unit_len);
-            for (i, unit) in buf.chunks(unit_len).enumerate() {
-                let tweak = first.wrapping_add(i as u128).to_le_bytes();
-                started.push(self.start(encrypt, &tweak, unit).await?);
-            }
-            let mut done = Vec::with_capacity(started.len());
-            for rx in started {
-                done.push(self.finish(rx).await?);
-            }
-            Ok::<_, Error>(done)
-        }
-        .await;
-        let mut buf = buf;
-        match r.and_then(|done| {
-            let mut out = vec![0u8; buf.len()];
-            for (dma, piece) in done.iter().zip(out.chunks_mut(unit_len)) {
-                dma.read(Layout::new(self.algo, unit_len).out_at, piece)?;
-            }
-            Ok(out)
-        }) {
+        let r = self
+            .within(buf.len(), self.units(encrypt, first, unit_len, &buf))
+            .instrument(span)
+            .await;
+        match r {
             Ok(mut out) => {
-                std::mem::swap(&mut buf, &mut out);
-                out.zeroize();
+                let mut buf = buf;
+                // The input (plaintext, on encryption) is wiped; the
+                // result goes back in its place.
+                std::mem::swap(&mut buf, &mut *out);
                 Ok(buf)
             }
             Err(error) => Err(Failed { error, buf }),
+        }
+    }
+
+    /// The units of [`CipherSession::crypt_units`] into a fresh buffer
+    /// (wiped if the request fails or is given up).
+    async fn units(
+        &self,
+        encrypt: bool,
+        first: u128,
+        unit_len: usize,
+        data: &[u8],
+    ) -> Result<Zeroizing<Vec<u8>>, Error> {
+        let layout = Layout::new(self.algo, unit_len);
+        let bytes = layout.bytes();
+        let window = unit_window(self.dev.pool.len(), bytes);
+        let mut out = Zeroizing::new(vec![0u8; data.len()]);
+        let mut started: VecDeque<(usize, oneshot::Receiver<(DmaBuf, u32)>)> = VecDeque::new();
+        for (i, unit) in data.chunks(unit_len).enumerate() {
+            // Room for one more: within the window, and never waiting for
+            // DMA memory while holding some — the oldest unit is collected
+            // (its memory freed) first. Waiting holding nothing cannot
+            // deadlock: every unit in the device completes and frees its
+            // memory without this request's help.
+            let dma = loop {
+                if started.len() < window
+                    && let Some(dma) = self.dev.pool.try_alloc(bytes)?
+                {
+                    break dma;
+                }
+                match started.pop_front() {
+                    Some((j, rx)) => {
+                        self.collect(rx, layout, &mut out[j * unit_len..][..unit_len])
+                            .await?
+                    }
+                    None => break self.dev.pool.alloc(bytes).await?,
+                }
+            };
+            let tweak = first.wrapping_add(i as u128).to_le_bytes();
+            let chain = self.write_request(&dma, encrypt, &tweak, unit)?;
+            let table = dma.iova(TABLE_AT);
+            started.push_back((i, self.dev.enqueue_one(dma, chain, table).await?));
+        }
+        while let Some((j, rx)) = started.pop_front() {
+            self.collect(rx, layout, &mut out[j * unit_len..][..unit_len])
+                .await?;
+        }
+        Ok(out)
+    }
+
+    /// Waits for a started request and copies its output into `dest`
+    /// (its DMA memory is freed on return).
+    async fn collect(
+        &self,
+        rx: oneshot::Receiver<(DmaBuf, u32)>,
+        layout: Layout,
+        dest: &mut [u8],
+    ) -> Result<(), Error> {
+        let dma = self.finish(rx).await?;
+        dma.read(layout.out_at, dest)
+    }
+
+    /// Runs `request` (for `len` bytes) within the session's timeout.
+    async fn within<T>(
+        &self,
+        len: usize,
+        request: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match self.timeout.map(|t| t.for_len(len)) {
+            None => request.await,
+            Some(limit) => tokio::time::timeout(limit, request)
+                .await
+                .unwrap_or(Err(Error::Timeout(limit))),
         }
     }
 
@@ -200,65 +308,60 @@ impl CipherSession {
             return Ok(buf);
         }
         let span = tracing::trace_span!("vfio.cipher", algo = ?self.algo, encrypt, len = buf.len());
-        if buf.len() <= self.max_request() {
+        let len = buf.len();
+        if len <= self.max_request() {
             // One request (the usual case): the result goes straight into
             // the caller's buffer once the device has succeeded — no second
-            // buffer to allocate, fill and wipe.
+            // buffer to allocate, fill and wipe. The copy out is the last
+            // step, after the last await: a request given up (timed out,
+            // dropped) leaves the buffer as it was.
             let mut buf = buf;
-            let r = async {
-                let rx = self.start(encrypt, iv, &buf).await?;
-                self.finish(rx).await
-            }
-            .instrument(span)
-            .await
-            .and_then(|dma| dma.read(Layout::new(self.algo, buf.len()).out_at, &mut buf));
+            let r = self
+                .within(len, async {
+                    let rx = self.start(encrypt, iv, &buf).await?;
+                    let dma = self.finish(rx).await?;
+                    dma.read(Layout::new(self.algo, len).out_at, &mut buf)
+                })
+                .instrument(span)
+                .await;
             return match r {
                 Ok(()) => Ok(buf),
                 Err(error) => Err(Failed { error, buf }),
             };
         }
-        match self.chained(encrypt, iv, &buf).instrument(span).await {
+        match self
+            .within(len, self.chained(encrypt, iv, &buf))
+            .instrument(span)
+            .await
+        {
             Ok(mut out) => {
                 let mut buf = buf;
-                std::mem::swap(&mut buf, &mut out);
-                out.zeroize();
+                std::mem::swap(&mut buf, &mut *out);
                 Ok(buf)
             }
             Err(error) => Err(Failed { error, buf }),
         }
     }
 
-    /// `data` in requests of at most [`MAX_REQUEST`] bytes, the IV chained
-    /// (CBC: the last ciphertext block; CTR: the counter advanced), into a
-    /// fresh buffer.
-    async fn chained(&self, encrypt: bool, iv: &[u8], data: &[u8]) -> Result<Vec<u8>, Error> {
-        let mut out = vec![0u8; data.len()];
-        let mut iv = iv.to_vec();
-        for (piece, dest) in data
-            .chunks(self.max_request())
-            .zip(out.chunks_mut(self.max_request()))
-        {
+    /// `data` in requests of at most [`CipherSession::max_request`] bytes,
+    /// the IV chained ([`next_iv`]), into a fresh buffer (wiped if the
+    /// request fails or is given up).
+    async fn chained(
+        &self,
+        encrypt: bool,
+        iv: &[u8],
+        data: &[u8],
+    ) -> Result<Zeroizing<Vec<u8>>, Error> {
+        let mut out = Zeroizing::new(vec![0u8; data.len()]);
+        let mut iv = Zeroizing::new(iv.to_vec());
+        let max = self.max_request();
+        for (piece, dest) in data.chunks(max).zip(out.chunks_mut(max)) {
             let rx = self.start(encrypt, &iv, piece).await?;
-            let dma = self.finish(rx).await?;
-            dma.read(Layout::new(self.algo, piece.len()).out_at, dest)?;
-            match self.algo {
-                CipherAlgo::AesCbc if encrypt => iv.copy_from_slice(&dest[dest.len() - 16..]),
-                CipherAlgo::AesCbc => iv.copy_from_slice(&piece[piece.len() - 16..]),
-                CipherAlgo::AesCtr => {
-                    let n = u128::from_be_bytes(iv[..16].try_into().unwrap_or_default());
-                    let blocks = piece.len().div_ceil(16) as u128;
-                    iv.copy_from_slice(&n.wrapping_add(blocks).to_be_bytes());
-                }
-                _ => {}
-            }
+            self.collect(rx, Layout::new(self.algo, piece.len()), dest)
+                .await?;
+            next_iv(self.algo, encrypt, &mut iv, piece, dest);
         }
         Ok(out)
-    }
-
-    /// The most one request carries: XTS takes one tweak per request, so
-    /// its whole length; other modes are chained in pieces of this size.
-    fn max_request(&self) -> usize {
-        MAX_REQUEST.min(usize::try_from(self.dev.config.max_size).unwrap_or(usize::MAX))
     }
 
     /// Sends one request, waiting only for room in the queue.
@@ -274,9 +377,8 @@ impl CipherSession {
             .alloc(Layout::new(self.algo, data.len()).bytes())
             .await?;
         let chain = self.write_request(&dma, encrypt, iv, data)?;
-        self.dev
-            .enqueue_one(&self.dev.data, dma, chain, Some(TABLE_AT))
-            .await
+        let table = dma.iova(TABLE_AT);
+        self.dev.enqueue_one(dma, chain, table).await
     }
 
     /// Writes a whole request into `dma` (header, IV, input, status "not
@@ -306,7 +408,7 @@ impl CipherSession {
     ///
     /// # Errors
     /// As for [`CipherSession::encrypt`]; [`Error::TooLarge`] above the
-    /// largest single request ([`MAX_REQUEST`] or the device's limit).
+    /// largest single request ([`CipherSession::max_request`]).
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is allocated until it returns.
@@ -367,7 +469,7 @@ impl CipherSession {
         // is moved per request, and a dropped future leaves them with the
         // queue until they complete.
         let state = Arc::new(Burst::new(burst));
-        self.dev.enqueue_burst(&self.dev.data, &state).await?;
+        self.dev.enqueue_burst(&state).await?;
         self.dev.wait_burst(&self.dev.data, &state).await?;
         let mut done = state.take();
         for r in &mut done {
@@ -383,6 +485,43 @@ impl CipherSession {
             protocol::STATUS_OK => Ok(dma),
             status => Err(Error::Status { status }),
         }
+    }
+}
+
+/// How many units of `unit_bytes` (DMA bytes each) one request keeps in
+/// the device at once: [`UNITS_IN_FLIGHT`], and no more than a quarter of
+/// a `pool_bytes` pool, but always one.
+pub(crate) fn unit_window(pool_bytes: usize, unit_bytes: usize) -> usize {
+    let unit = unit_bytes.next_multiple_of(UNIT).max(UNIT);
+    (pool_bytes / 4 / unit).clamp(1, UNITS_IN_FLIGHT)
+}
+
+/// The IV of the piece after one of a chained request: CBC's is the last
+/// ciphertext block (the output's on encryption, the input's on
+/// decryption); CTR's counter advances by the piece's blocks (128-bit
+/// big-endian, wrapping); ECB and XTS have none to chain. Pieces shorter
+/// than a block (only a CTR request's last) leave CBC's IV as it was.
+pub(crate) fn next_iv(algo: CipherAlgo, encrypt: bool, iv: &mut [u8], input: &[u8], output: &[u8]) {
+    let Ok(iv) = <&mut [u8; 16]>::try_from(iv) else {
+        return;
+    };
+    match algo {
+        CipherAlgo::AesCbc => {
+            let ciphertext = if encrypt { output } else { input };
+            if let Some(last) = ciphertext
+                .len()
+                .checked_sub(16)
+                .and_then(|at| ciphertext.get(at..))
+                .and_then(|b| <&[u8; 16]>::try_from(b).ok())
+            {
+                *iv = *last;
+            }
+        }
+        CipherAlgo::AesCtr => {
+            let blocks = input.len().div_ceil(16) as u128;
+            *iv = u128::from_be_bytes(*iv).wrapping_add(blocks).to_be_bytes();
+        }
+        CipherAlgo::AesEcb | CipherAlgo::AesXts => {}
     }
 }
 

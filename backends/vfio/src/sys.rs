@@ -47,12 +47,23 @@ fn ioctl_int(fd: BorrowedFd<'_>, request: c_ulong, arg: c_ulong) -> Result<c_int
     result(unsafe { nix::libc::ioctl(fd.as_raw_fd(), request as _, arg) })
 }
 
-/// An ioctl that reads and may write `*arg`, a `#[repr(C)]` structure from
-/// `vfio-bindings` whose `argsz` says its size.
-fn ioctl_struct<T>(fd: BorrowedFd<'_>, request: c_ulong, arg: &mut T) -> Result<c_int, Errno> {
-    // SAFETY: `arg` is a live, exclusive, properly aligned `T` of the layout
-    // the request expects (its `argsz` set by the caller to its size), so
-    // the kernel reads and writes only within it.
+/// An ioctl that reads and may write `*arg`.
+///
+/// # Safety
+/// `request` must be one whose argument is a pointer to a `T`: a
+/// `#[repr(C)]` structure from `vfio-bindings` of exactly the layout the
+/// kernel expects for it (or a plain `c_int` where the request takes a
+/// pointer to one), with its `argsz` field, if it has one, set to
+/// `size_of::<T>()` — so that the kernel reads and writes only within
+/// `*arg`. The kernel must not keep the pointer past the call.
+unsafe fn ioctl_struct<T>(
+    fd: BorrowedFd<'_>,
+    request: c_ulong,
+    arg: &mut T,
+) -> Result<c_int, Errno> {
+    // SAFETY: `arg` is a live, exclusive, properly aligned `T`; the
+    // caller's contract says it is what `request` reads and writes, and
+    // that the kernel stays within it and keeps no pointer to it.
     result(unsafe { nix::libc::ioctl(fd.as_raw_fd(), request as _, arg as *mut T) })
 }
 
@@ -86,7 +97,9 @@ pub(crate) fn group_status(group: BorrowedFd<'_>) -> Result<u32, Errno> {
         argsz: size_of::<vfio_group_status>() as u32,
         flags: 0,
     };
-    ioctl_struct(group, GROUP_GET_STATUS, &mut s)?;
+    // SAFETY: VFIO_GROUP_GET_STATUS takes a `struct vfio_group_status`,
+    // with its `argsz` set.
+    unsafe { ioctl_struct(group, GROUP_GET_STATUS, &mut s) }?;
     Ok(s.flags)
 }
 
@@ -96,7 +109,9 @@ pub(crate) fn group_set_container(
     container: BorrowedFd<'_>,
 ) -> Result<(), Errno> {
     let mut fd: c_int = container.as_raw_fd();
-    ioctl_struct(group, GROUP_SET_CONTAINER, &mut fd).map(drop)
+    // SAFETY: VFIO_GROUP_SET_CONTAINER reads a pointer to the container's
+    // `int` descriptor.
+    unsafe { ioctl_struct(group, GROUP_SET_CONTAINER, &mut fd) }.map(drop)
 }
 
 /// `VFIO_GROUP_GET_DEVICE_FD` for the device at `address` (e.g.
@@ -124,7 +139,10 @@ pub(crate) fn region_info(device: BorrowedFd<'_>, index: u32) -> Result<vfio_reg
         index,
         ..Default::default()
     };
-    ioctl_struct(device, DEVICE_GET_REGION_INFO, &mut info)?;
+    // SAFETY: VFIO_DEVICE_GET_REGION_INFO takes a `struct
+    // vfio_region_info` whose `argsz` (set: no room for capabilities)
+    // bounds what the kernel writes.
+    unsafe { ioctl_struct(device, DEVICE_GET_REGION_INFO, &mut info) }?;
     Ok(info)
 }
 
@@ -135,7 +153,9 @@ pub(crate) fn irq_info(device: BorrowedFd<'_>, index: u32) -> Result<vfio_irq_in
         index,
         ..Default::default()
     };
-    ioctl_struct(device, DEVICE_GET_IRQ_INFO, &mut info)?;
+    // SAFETY: VFIO_DEVICE_GET_IRQ_INFO takes a `struct vfio_irq_info`,
+    // with its `argsz` set.
+    unsafe { ioctl_struct(device, DEVICE_GET_IRQ_INFO, &mut info) }?;
     Ok(info)
 }
 
@@ -195,7 +215,10 @@ pub(crate) unsafe fn map_dma(
         iova,
         size,
     };
-    ioctl_struct(container, IOMMU_MAP_DMA, &mut map).map(drop)
+    // SAFETY: VFIO_IOMMU_MAP_DMA takes a `struct
+    // vfio_iommu_type1_dma_map`, with its `argsz` set; the memory it maps
+    // is the caller's contract.
+    unsafe { ioctl_struct(container, IOMMU_MAP_DMA, &mut map) }.map(drop)
 }
 
 /// `VFIO_IOMMU_UNMAP_DMA` of a range [`map_dma`] mapped.
@@ -206,7 +229,10 @@ pub(crate) fn unmap_dma(container: BorrowedFd<'_>, iova: u64, size: u64) -> Resu
         size,
         ..Default::default()
     };
-    ioctl_struct(container, IOMMU_UNMAP_DMA, &mut unmap).map(drop)
+    // SAFETY: VFIO_IOMMU_UNMAP_DMA takes a `struct
+    // vfio_iommu_type1_dma_unmap`, with its `argsz` set (no dirty bitmap:
+    // the kernel writes only the struct's `size`).
+    unsafe { ioctl_struct(container, IOMMU_UNMAP_DMA, &mut unmap) }.map(drop)
 }
 
 /// `pread` of a device region (config space, a BAR) at `offset`.

@@ -39,6 +39,12 @@ pub struct SplitQueue {
     /// Which descriptors the device holds (to catch a double completion
     /// without searching the free stack).
     busy: Vec<bool>,
+    /// Which descriptors head a chain the device holds: the only ids a used
+    /// entry may name.
+    head: Vec<bool>,
+    /// Chains the device holds (staged or published, not yet completed):
+    /// the most completions the used ring may announce.
+    chains: usize,
     /// Each descriptor's successor in its chain (this side's copy: the
     /// device may scribble on the table).
     next: Vec<Option<u16>>,
@@ -82,6 +88,8 @@ impl SplitQueue {
             size,
             free: (0..size).rev().collect(),
             busy: vec![false; usize::from(size)],
+            head: vec![false; usize::from(size)],
+            chains: 0,
             next: vec![None; usize::from(size)],
             avail_idx: 0,
             last_used: 0,
@@ -95,12 +103,19 @@ impl SplitQueue {
         self.indirect = on;
     }
 
+    /// Whether requests go through indirect tables.
+    pub fn indirect(&self) -> bool {
+        self.indirect
+    }
+
     /// Empties the rings (zeroed memory, every descriptor free, indices
     /// from 0), for a device that was reset and sets the queue up anew.
     pub fn reset(&mut self) -> Result<(), Error> {
         self.mem.write(0, &vec![0u8; Self::bytes(self.size)])?;
         self.free = (0..self.size).rev().collect();
         self.busy = vec![false; usize::from(self.size)];
+        self.head = vec![false; usize::from(self.size)];
+        self.chains = 0;
         self.next = vec![None; usize::from(self.size)];
         self.avail_idx = 0;
         self.last_used = 0;
@@ -115,6 +130,35 @@ impl SplitQueue {
     /// Free descriptors.
     pub fn free_descriptors(&self) -> usize {
         self.free.len()
+    }
+
+    /// Chains the device holds (made available, not yet completed).
+    pub fn chains_in_flight(&self) -> usize {
+        self.chains
+    }
+
+    /// The descriptors of the chain headed by `head`, by this side's links
+    /// (`None` if `head` heads no chain the device holds).
+    pub fn chain_of(&self, head: u16) -> Option<Vec<u16>> {
+        if !self.head.get(usize::from(head)).copied().unwrap_or(false) {
+            return None;
+        }
+        let mut out = vec![head];
+        let mut at = self.next[usize::from(head)];
+        while let Some(d) = at {
+            if out.len() > usize::from(self.size) {
+                return None;
+            }
+            out.push(d);
+            at = self.next[usize::from(d)];
+        }
+        Some(out)
+    }
+
+    /// Descriptors marked busy (for invariant checks: each belongs to
+    /// exactly one chain the device holds).
+    pub fn busy_descriptors(&self) -> usize {
+        self.busy.iter().filter(|b| **b).count()
     }
 
     /// The device addresses of the descriptor table, the available ring and
@@ -169,6 +213,8 @@ impl SplitQueue {
         }
         let head = id_at(0);
         self.free.truncate(keep);
+        self.head[usize::from(head)] = true;
+        self.chains += 1;
         let slot = usize::from(self.avail_idx % self.size);
         let avail = Self::avail_offset(self.size);
         self.mem.write_u16(avail + 4 + 2 * slot, head)?;
@@ -197,6 +243,8 @@ impl SplitQueue {
         self.free.pop();
         self.next[usize::from(id)] = None;
         self.busy[usize::from(id)] = true;
+        self.head[usize::from(id)] = true;
+        self.chains += 1;
         let slot = usize::from(self.avail_idx % self.size);
         let avail = Self::avail_offset(self.size);
         self.mem.write_u16(avail + 4 + 2 * slot, id)?;
@@ -266,33 +314,56 @@ impl SplitQueue {
 
     /// The next completion: the head of a chain the device is done with and
     /// the bytes it wrote; its descriptors are free again.
+    ///
+    /// The device is trusted with nothing here: a used index that runs
+    /// ahead of the chains it holds (more completions than requests, or a
+    /// jump past the ring), and an entry that names anything but the head
+    /// of a chain it holds (out of range, a free descriptor, the middle of
+    /// a live chain, a chain completed already) are [`Error::Broken`] —
+    /// and nothing is freed for them, so no memory a live chain points at
+    /// is handed out again. A broken queue is not to be used again before
+    /// [`SplitQueue::reset`].
     pub fn pop_used(&mut self) -> Result<Option<(u16, u32)>, Error> {
         let used = Self::used_offset(self.size);
         let idx = self.mem.read_u16(used + 2)?;
-        if idx == self.last_used {
+        let announced = idx.wrapping_sub(self.last_used);
+        if announced == 0 {
             return Ok(None);
+        }
+        if usize::from(announced) > self.chains {
+            return Err(Error::Broken(format!(
+                "used index {idx} announces {announced} completions after {}, with {} chains \
+                 in the device (ring of {})",
+                self.last_used, self.chains, self.size
+            )));
         }
         // The index before the entry it covers.
         fence(Ordering::SeqCst);
         let slot = usize::from(self.last_used % self.size);
         let id = self.mem.read_u32(used + 4 + 8 * slot)?;
         let len = self.mem.read_u32(used + 8 + 8 * slot)?;
-        self.last_used = self.last_used.wrapping_add(1);
         let head = u16::try_from(id)
             .ok()
-            .filter(|&h| h < self.size)
-            .ok_or_else(|| Error::Device(format!("used ring names descriptor {id}")))?;
-        // Free the chain, by this side's links.
+            .filter(|&h| h < self.size && self.head[usize::from(h)])
+            .ok_or_else(|| {
+                Error::Broken(format!(
+                    "used entry {} names descriptor {id}, which heads no chain in the device",
+                    self.last_used
+                ))
+            })?;
+        self.last_used = self.last_used.wrapping_add(1);
+        self.head[usize::from(head)] = false;
+        self.chains -= 1;
+        // Free the chain, by this side's links (the device cannot change
+        // them: they are not in its memory).
         let mut at = Some(head);
-        let mut guard = 0;
         while let Some(d) = at {
-            if !self.busy[usize::from(d)] || guard > usize::from(self.size) {
-                return Err(Error::Device(format!("descriptor {d} completed twice")));
-            }
+            // Links are this side's own and each chain's are disjoint: a
+            // descriptor that is not busy here is a bug in this driver.
+            debug_assert!(self.busy[usize::from(d)], "descriptor {d} freed twice");
             self.busy[usize::from(d)] = false;
             self.free.push(d);
             at = self.next[usize::from(d)].take();
-            guard += 1;
         }
         Ok(Some((head, len)))
     }
@@ -574,7 +645,7 @@ mod tests {
         let used = SplitQueue::used_offset(2);
         q.mem.write_u32(used + 4, 7).unwrap(); // no descriptor 7
         q.mem.write_u16(used + 2, 1).unwrap();
-        assert!(matches!(q.pop_used(), Err(Error::Device(_))));
+        assert!(matches!(q.pop_used(), Err(Error::Broken(_))));
         assert!(SplitQueue::new(q.mem, 3).is_err(), "not a power of two");
     }
 
@@ -596,7 +667,85 @@ mod tests {
         let used = SplitQueue::used_offset(4);
         q.mem.write_u32(used + 4 + 8, u32::from(head)).unwrap();
         q.mem.write_u16(used + 2, 2).unwrap();
-        assert!(matches!(q.pop_used(), Err(Error::Device(_))));
+        assert!(matches!(q.pop_used(), Err(Error::Broken(_))));
         assert_eq!(q.free_descriptors(), 4, "freed once");
+    }
+
+    fn one(iova: u64) -> [Segment; 1] {
+        [Segment {
+            iova,
+            len: 1,
+            device_writes: false,
+        }]
+    }
+
+    /// Writes used entry `slot` and the used index as a (lying) device.
+    fn device_writes_used(q: &SplitQueue, entry: u16, id: u32, idx: u16) {
+        let used = SplitQueue::used_offset(q.size);
+        let slot = usize::from(entry % q.size);
+        q.mem.write_u32(used + 4 + 8 * slot, id).unwrap();
+        q.mem.write_u32(used + 8 + 8 * slot, 0).unwrap();
+        q.mem.write_u16(used + 2, idx).unwrap();
+    }
+
+    #[test]
+    fn a_used_entry_naming_the_middle_of_a_live_chain_frees_nothing() {
+        let mut q = queue(8);
+        let seg = |iova| Segment {
+            iova,
+            len: 1,
+            device_writes: false,
+        };
+        let head = q.push(&[seg(1), seg(2), seg(3)]).unwrap().unwrap();
+        let chain = q.chain_of(head).unwrap();
+        assert_eq!(chain.len(), 3);
+        // The device names the chain's second descriptor: busy, but no head.
+        device_writes_used(&q, 0, u32::from(chain[1]), 1);
+        assert!(matches!(q.pop_used(), Err(Error::Broken(_))));
+        assert_eq!(
+            q.free_descriptors(),
+            5,
+            "the live chain keeps its descriptors"
+        );
+        assert_eq!(q.chains_in_flight(), 1);
+        // A free descriptor is no head either.
+        let free = (0..8).find(|d| !chain.contains(d)).unwrap();
+        device_writes_used(&q, 0, u32::from(free), 1);
+        assert!(matches!(q.pop_used(), Err(Error::Broken(_))));
+        assert_eq!(q.free_descriptors(), 5);
+    }
+
+    #[test]
+    fn a_used_index_that_runs_ahead_of_the_requests_is_broken() {
+        let mut q = queue(8);
+        let heads: Vec<u16> = (0..2).map(|i| q.push(&one(i)).unwrap().unwrap()).collect();
+        // Two chains in the device: an index 3 ahead announces one too many
+        // (and 9 ahead, past the ring, many too many).
+        for idx in [3u16, 9, 0x8000, u16::MAX] {
+            device_writes_used(&q, 0, u32::from(heads[0]), idx);
+            assert!(
+                matches!(q.pop_used(), Err(Error::Broken(_))),
+                "index {idx} accepted"
+            );
+            assert_eq!(q.free_descriptors(), 6, "nothing freed for index {idx}");
+        }
+        // Within the chains it holds, completions are taken in order.
+        device_writes_used(&q, 0, u32::from(heads[1]), 1);
+        assert_eq!(q.pop_used().unwrap(), Some((heads[1], 0)));
+        assert_eq!(q.chains_in_flight(), 1);
+    }
+
+    #[test]
+    fn a_head_completed_twice_is_broken_even_with_others_in_flight() {
+        let mut q = queue(8);
+        let a = q.push(&one(1)).unwrap().unwrap();
+        let b = q.push(&one(2)).unwrap().unwrap();
+        device_writes_used(&q, 0, u32::from(a), 1);
+        assert_eq!(q.pop_used().unwrap(), Some((a, 0)));
+        // Entry 1 names `a` again while `b` is still in the device.
+        device_writes_used(&q, 1, u32::from(a), 2);
+        assert!(matches!(q.pop_used(), Err(Error::Broken(_))));
+        assert_eq!(q.chain_of(b), Some(vec![b]), "b is untouched");
+        assert_eq!(q.busy_descriptors(), 1);
     }
 }

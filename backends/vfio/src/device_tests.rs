@@ -1,0 +1,470 @@
+//! The driver on the host, over the emulated device (`crate::emulated`):
+//! every bound pushed past its limit, and a device that hangs, lies,
+//! refuses to reset or to power down. The same driver runs against QEMU's
+//! real device in the vfio guest (`tests/guest.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crypto_offload_fallback as fb;
+
+use super::*;
+use crate::emulated::{Emulated, Handle, Setup};
+use crate::session::RequestTimeout;
+
+fn open(setup: Setup) -> (CryptoDevice, Handle) {
+    let (emulated, handle) = Emulated::new(setup);
+    let dev = CryptoDevice::start("emulated", Box::new(emulated)).unwrap();
+    (dev, handle)
+}
+
+/// The fallback's result.
+fn reference(algo: CipherAlgo, encrypt: bool, key: &[u8], iv: &[u8], data: &mut [u8]) {
+    let iv16: [u8; 16] = iv.try_into().unwrap_or([0; 16]);
+    match algo {
+        CipherAlgo::AesEcb => {
+            let c = fb::Cbc::new(key).unwrap();
+            for block in data.chunks_mut(16) {
+                if encrypt {
+                    c.encrypt(&[0; 16], block).unwrap();
+                } else {
+                    c.decrypt(&[0; 16], block).unwrap();
+                }
+            }
+        }
+        CipherAlgo::AesCbc if encrypt => fb::Cbc::new(key).unwrap().encrypt(&iv16, data).unwrap(),
+        CipherAlgo::AesCbc => fb::Cbc::new(key).unwrap().decrypt(&iv16, data).unwrap(),
+        CipherAlgo::AesCtr => fb::Ctr::new(key)
+            .unwrap()
+            .apply_keystream(&iv16, data)
+            .unwrap(),
+        CipherAlgo::AesXts if encrypt => fb::Xts::new(key).unwrap().encrypt(&iv16, data).unwrap(),
+        CipherAlgo::AesXts => fb::Xts::new(key).unwrap().decrypt(&iv16, data).unwrap(),
+    }
+}
+
+/// XTS of `data` in `unit`-byte units from tweak `first`, by the fallback.
+fn reference_units(key: &[u8], first: u128, unit: usize, data: &mut [u8]) {
+    for (i, u) in data.chunks_mut(unit).enumerate() {
+        let tweak = first.wrapping_add(i as u128).to_le_bytes();
+        reference(CipherAlgo::AesXts, true, key, &tweak, u);
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// Waits up to 10 s for `done`.
+async fn settles(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mode_matches_the_fallback_through_the_emulated_device() {
+    let (dev, handle) = open(Setup::default());
+    let idle = dev.dma_units_in_use();
+    for algo in CipherAlgo::ALL {
+        let key = pattern(algo.key_lens()[0], 3);
+        let s = dev.cipher_session(algo, &key).await.unwrap();
+        let iv = vec![0x42; algo.iv_len()];
+        // Single requests, and CBC/CTR/ECB chained past MAX_REQUEST.
+        let long = 2 * limits::MAX_REQUEST + 48;
+        for len in [16, 48, 4096, long] {
+            if algo == CipherAlgo::AesXts && len > limits::MAX_REQUEST {
+                continue;
+            }
+            let plain = pattern(len, len as u8);
+            let mut want = plain.clone();
+            reference(algo, true, &key, &iv, &mut want);
+            let got = s.encrypt(&iv, plain.clone()).await.unwrap();
+            assert!(got == want, "{algo:?} {len}");
+            assert!(s.decrypt(&iv, got).await.unwrap() == plain);
+        }
+    }
+    assert_eq!(dev.dma_units_in_use(), idle);
+    assert_eq!(handle.seen().touched_in_d3hot, 0);
+}
+
+/// ≥ 4× as many requests in flight as the ring holds — with indirect
+/// tables (one descriptor a request) and without (five) — all correct,
+/// nothing left in flight, every DMA unit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_times_the_ring_in_flight_all_complete_correctly() {
+    for indirect in [true, false] {
+        let mut setup = Setup {
+            queue_max: [64, 64],
+            ..Setup::default()
+        };
+        if !indirect {
+            setup.features &= !crate::transport::F_INDIRECT_DESC;
+        }
+        let (dev, _handle) = open(setup);
+        assert_eq!(dev.queue_size(), 64);
+        let idle = dev.dma_units_in_use();
+        let key = pattern(16, 1);
+        let s = Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &key).await.unwrap());
+        let n = 4 * dev.queue_size() + 7;
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let plain = pattern(16 * (1 + i % 8), i as u8);
+                    let iv = [i as u8; 16];
+                    let got = s.encrypt(&iv, plain.clone()).await;
+                    (plain, iv, got)
+                })
+            })
+            .collect();
+        let all = tokio::time::timeout(Duration::from_secs(30), futures_join(tasks))
+            .await
+            .expect("requests lost: not all completed within 30 s");
+        for (plain, iv, got) in all {
+            let mut want = plain;
+            reference(CipherAlgo::AesCbc, true, &key, &iv, &mut want);
+            assert!(got.unwrap() == want, "indirect {indirect}");
+        }
+        assert_eq!(dev.in_flight(), 0);
+        assert_eq!(dev.dma_units_in_use(), idle, "indirect {indirect}");
+    }
+}
+
+async fn futures_join<T: Send + 'static>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Concurrent XTS requests whose data units need many times the whole DMA
+/// pool: each keeps a bounded window in flight and never waits for memory
+/// while holding some, so all finish (no deadlock) and match the CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xts_units_needing_more_than_the_whole_pool_complete() {
+    let setup = Setup {
+        pool_bytes: 256 << 10,
+        ..Setup::default()
+    };
+    let (dev, _handle) = open(setup);
+    let idle = dev.dma_units_in_use();
+    let key = pattern(64, 9);
+    let s = Arc::new(dev.cipher_session(CipherAlgo::AesXts, &key).await.unwrap());
+    let len = 1 << 20;
+    assert!(3 * len > 4 * dev.pool_bytes());
+    let tasks: Vec<_> = (0..3u8)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let plain = pattern(len, i);
+                let first = [i; 16];
+                let got = s.crypt_units(true, &first, 4096, plain.clone()).await;
+                (plain, first, got)
+            })
+        })
+        .collect();
+    let all = tokio::time::timeout(Duration::from_secs(60), futures_join(tasks))
+        .await
+        .expect("XTS requests deadlocked on the DMA pool");
+    for (plain, first, got) in all {
+        let mut want = plain;
+        reference_units(&key, u128::from_le_bytes(first), 4096, &mut want);
+        assert!(got.unwrap() == want);
+    }
+    assert_eq!(dev.in_flight(), 0);
+    assert_eq!(dev.dma_units_in_use(), idle, "DMA units leaked");
+}
+
+#[tokio::test]
+async fn a_device_max_size_is_validated_at_open() {
+    for bad in [0u64, 1, 15] {
+        let mut setup = Setup::default();
+        setup.config.max_size = bad;
+        let (emulated, _handle) = Emulated::new(setup);
+        let e = CryptoDevice::start("emulated", Box::new(emulated)).unwrap_err();
+        assert!(matches!(e, Error::Device(_)), "max_size {bad}: {e}");
+    }
+    // Not whole blocks: rounded down; long requests chain in such pieces.
+    let mut setup = Setup::default();
+    setup.config.max_size = 100;
+    let (dev, _handle) = open(setup);
+    assert_eq!(dev.limits().max_request, 96);
+    for algo in [CipherAlgo::AesCbc, CipherAlgo::AesCtr] {
+        let key = pattern(16, 4);
+        let s = dev.cipher_session(algo, &key).await.unwrap();
+        assert_eq!(s.max_request(), 96);
+        let len = if algo == CipherAlgo::AesCtr {
+            1001
+        } else {
+            992
+        };
+        let plain = pattern(len, 7);
+        let mut want = plain.clone();
+        reference(algo, true, &key, &[5; 16], &mut want);
+        let got = s.encrypt(&[5; 16], plain.clone()).await.unwrap();
+        assert!(got == want, "{algo:?} in 96-byte pieces");
+        assert!(s.decrypt(&[5; 16], got).await.unwrap() == plain);
+    }
+    let x = dev
+        .cipher_session(CipherAlgo::AesXts, &pattern(32, 1))
+        .await
+        .unwrap();
+    let f = x.encrypt(&[0; 16], vec![0; 112]).await.unwrap_err();
+    assert!(matches!(f.error, Error::TooLarge { len: 112, max: 96 }));
+}
+
+#[tokio::test]
+async fn queues_too_small_for_a_request_are_refused_at_open() {
+    let mut setup = Setup::default();
+    setup.features &= !crate::transport::F_INDIRECT_DESC;
+    setup.queue_max = [4, 64];
+    let (emulated, _handle) = Emulated::new(setup);
+    assert!(matches!(
+        CryptoDevice::start("emulated", Box::new(emulated)),
+        Err(Error::Device(_))
+    ));
+    let setup = Setup {
+        queue_max: [1024, 0],
+        ..Setup::default()
+    };
+    let (emulated, _handle) = Emulated::new(setup);
+    assert!(matches!(
+        CryptoDevice::start("emulated", Box::new(emulated)),
+        Err(Error::Device(_))
+    ));
+}
+
+/// Starts `n` requests on a hung device and waits until it holds them.
+async fn hung_requests(
+    dev: &CryptoDevice,
+    handle: &Handle,
+    n: usize,
+) -> (
+    Arc<CipherSession>,
+    Vec<tokio::task::JoinHandle<Result<Vec<u8>, crate::Failed>>>,
+) {
+    let s = Arc::new(
+        dev.cipher_session(CipherAlgo::AesCbc, &[4; 16])
+            .await
+            .unwrap(),
+    );
+    handle.faults(|f| f.hang = true);
+    let tasks = (0..n)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { s.encrypt(&[0; 16], vec![6; 4096]).await })
+        })
+        .collect();
+    assert!(settles(|| dev.in_flight() == n).await);
+    (s, tasks)
+}
+
+/// A reset that fails (the transport never reads back 0; the function has
+/// no reset) fails the requests but keeps their memory parked: the device
+/// might still write it. A reset that succeeds — transport first, then the
+/// function — frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reset_keeps_the_requests_memory_parked() {
+    for fault in ["transport", "function"] {
+        let (dev, handle) = open(Setup::default());
+        let idle = dev.dma_units_in_use();
+        let (_s, tasks) = hung_requests(&dev, &handle, 4).await;
+        let held = dev.dma_units_in_use();
+        assert!(held > idle);
+        handle.faults(|f| match fault {
+            "transport" => f.transport_reset_fails = true,
+            _ => f.function_reset_fails = true,
+        });
+        dev.reset().unwrap_err();
+        for t in tasks {
+            let f = t.await.unwrap().unwrap_err();
+            assert!(matches!(f.error, Error::Gone), "{}", f.error);
+            assert_eq!(f.buf, vec![6; 4096], "the buffer comes back unchanged");
+        }
+        assert_eq!(dev.parked_buffers(), 4, "{fault}: parked");
+        assert_eq!(dev.dma_units_in_use(), held, "{fault}: nothing freed");
+        handle.faults(|f| {
+            f.transport_reset_fails = false;
+            f.function_reset_fails = false;
+        });
+        dev.reset().unwrap();
+        assert_eq!(dev.parked_buffers(), 0);
+        assert_eq!(dev.dma_units_in_use(), idle);
+        let resets = handle.seen().resets;
+        assert_eq!(
+            resets[resets.len() - 2..],
+            ["transport", "function"],
+            "the transport is reset before the function"
+        );
+    }
+}
+
+/// A request on a hung device times out with the caller's buffer
+/// unchanged; its DMA memory stays with the driver until the device
+/// completes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_request_hands_its_buffer_back_and_its_memory_later() {
+    let (dev, handle) = open(Setup::default());
+    let idle = dev.dma_units_in_use();
+    let timeout = RequestTimeout {
+        fixed: Duration::from_millis(50),
+        per_mib: Duration::ZERO,
+    };
+    let key = pattern(64, 2);
+    let s = dev
+        .cipher_session(CipherAlgo::AesXts, &key)
+        .await
+        .unwrap()
+        .with_timeout(timeout);
+    handle.faults(|f| f.hang = true);
+    let f = s.encrypt(&[1; 16], vec![7; 4096]).await.unwrap_err();
+    assert!(matches!(f.error, Error::Timeout(_)), "{}", f.error);
+    assert_eq!(f.buf, vec![7; 4096]);
+    let f = s
+        .crypt_units(true, &[1; 16], 512, vec![8; 8192])
+        .await
+        .unwrap_err();
+    assert!(matches!(f.error, Error::Timeout(_)), "{}", f.error);
+    assert_eq!(f.buf, vec![8; 8192]);
+    assert!(dev.in_flight() > 0);
+    assert!(
+        dev.dma_units_in_use() > idle,
+        "held while the device may write"
+    );
+    handle.faults(|f| f.hang = false);
+    assert!(
+        settles(|| dev.in_flight() == 0).await,
+        "completions never came"
+    );
+    assert_eq!(dev.dma_units_in_use(), idle);
+    // And the session goes on.
+    let mut want = vec![9u8; 4096];
+    reference(CipherAlgo::AesXts, true, &key, &[2; 16], &mut want);
+    assert!(s.encrypt(&[2; 16], vec![9; 4096]).await.unwrap() == want);
+}
+
+/// A device that writes nonsense into its used ring — an id past the
+/// ring, or one naming no request it holds — is declared broken: its
+/// requests fail (memory parked), it takes no more, and it says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_lies_in_its_used_ring_is_declared_broken() {
+    for lie in [5000u32, 700] {
+        let (dev, handle) = open(Setup::default());
+        let key = pattern(16, 6);
+        let s = Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &key).await.unwrap());
+        for _ in 0..3 {
+            s.encrypt(&[0; 16], vec![1; 64]).await.unwrap();
+        }
+        handle.faults(|f| f.lie_after = Some((0, lie)));
+        let f = s.encrypt(&[0; 16], vec![1; 64]).await.unwrap_err();
+        assert!(matches!(f.error, Error::Broken(_)), "{lie}: {}", f.error);
+        assert_eq!(f.buf, vec![1; 64]);
+        assert!(dev.broken().is_some());
+        assert!(dev.diagnose().contains("broken"));
+        let f = s.encrypt(&[0; 16], vec![1; 64]).await.unwrap_err();
+        assert!(matches!(f.error, Error::Broken(_)), "no more requests");
+        assert!(dev.parked_buffers() >= 1, "its memory is parked");
+    }
+}
+
+/// Suspends and resumes race session creation and requests: no register
+/// is ever touched in D3hot, and a session that was created is never lost
+/// to a suspend (it refuses while one lives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_racing_submissions_never_touches_the_device_in_d3hot() {
+    let (dev, handle) = open(Setup::default());
+    let key = pattern(16, 8);
+    let mut want = vec![3u8; 256];
+    reference(CipherAlgo::AesCbc, true, &key, &[0; 16], &mut want);
+    let done = Arc::new(AtomicBool::new(false));
+    let users: Vec<_> = (0..2u64)
+        .map(|u| {
+            let (dev, key, want) = (dev.clone(), key.clone(), want.clone());
+            tokio::spawn(async move {
+                let (mut served, mut refused) = (0, 0);
+                for i in 0..400u64 {
+                    // Gaps between sessions, of varying length, so that
+                    // suspends find none live.
+                    for _ in 0..(i * 7 + u) % 5 {
+                        tokio::task::yield_now().await;
+                    }
+                    // Refused while suspended: fine. Once made, it works.
+                    let Ok(s) = dev.cipher_session(CipherAlgo::AesCbc, &key).await else {
+                        refused += 1;
+                        continue;
+                    };
+                    let got = s.encrypt(&[0; 16], vec![3; 256]).await.unwrap();
+                    assert!(got == want);
+                    served += 1;
+                    s.close().await.unwrap();
+                }
+                (served, refused)
+            })
+        })
+        .collect();
+    let power = {
+        let (dev, done) = (dev.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut cycles = 0;
+            while !done.load(Ordering::Acquire) {
+                match dev.suspend().await {
+                    Ok(()) => {
+                        cycles += 1;
+                        tokio::task::yield_now().await;
+                        dev.resume().unwrap();
+                    }
+                    Err(Error::Invalid { .. }) => tokio::task::yield_now().await,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            cycles
+        })
+    };
+    let ends = futures_join(users).await;
+    done.store(true, Ordering::Release);
+    let cycles = power.await.unwrap();
+    let served: usize = ends.iter().map(|e| e.0).sum();
+    let refused: usize = ends.iter().map(|e| e.1).sum();
+    eprintln!("{refused} sessions refused while suspended");
+    eprintln!("{served} sessions served, {cycles} power cycles");
+    assert!(served > 0 && cycles > 0, "{served} served, {cycles} cycles");
+    assert_eq!(handle.seen().touched_in_d3hot, 0);
+}
+
+/// A low-power entry that fails leaves the device up and usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_low_power_entry_leaves_the_device_working() {
+    let (dev, handle) = open(Setup::default());
+    handle.faults(|f| f.low_power_fails = true);
+    dev.suspend().await.unwrap_err();
+    assert!(!dev.is_suspended());
+    let s = dev
+        .cipher_session(CipherAlgo::AesCbc, &[1; 16])
+        .await
+        .unwrap();
+    let mut want = vec![2u8; 32];
+    reference(CipherAlgo::AesCbc, true, &[1; 16], &[0; 16], &mut want);
+    assert_eq!(s.encrypt(&[0; 16], vec![2; 32]).await.unwrap(), want);
+    assert_eq!(handle.seen().touched_in_d3hot, 0);
+}
+
+#[test]
+#[should_panic(expected = "enable_time")]
+fn a_runtime_without_a_timer_is_refused_at_open() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let _ = open(Setup::default());
+    });
+}
