@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use zeroize::Zeroize;
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::error::{Error, Failed};
 use crate::socket::{Op, Transform};
@@ -345,16 +345,32 @@ impl Pool {
 /// kernel.
 pub(crate) async fn run<T: Send + 'static>(
     stuck: &Arc<AtomicUsize>,
-    mut buf: Vec<u8>,
+    buf: Vec<u8>,
     timeout: Option<RequestTimeout>,
     job: impl FnOnce(&mut Vec<u8>) -> Result<T, Error> + Send + 'static,
 ) -> Result<(Vec<u8>, T), Failed> {
+    run_with(stuck, buf, timeout, job)
+        .await
+        .map_err(|(error, buf)| Failed { error, buf })
+}
+
+/// [`run`] for any buffer that can be wiped. A result no one will take —
+/// its future was dropped, or it came after the timeout gave up on it —
+/// is wiped before it is freed (it may hold plaintext, or what the kernel
+/// computed with the key); so is the copy of the input a timeout keeps.
+pub(crate) async fn run_with<B, T>(
+    stuck: &Arc<AtomicUsize>,
+    mut buf: B,
+    timeout: Option<RequestTimeout>,
+    job: impl FnOnce(&mut B) -> Result<T, Error> + Send + 'static,
+) -> Result<(B, T), (Error, B)>
+where
+    B: AsRef<[u8]> + Zeroize + Clone + Default + Send + 'static,
+    T: Send + 'static,
+{
     if timeout.is_some() && stuck.load(Ordering::Acquire) >= MAX_STUCK {
         // The engine has not returned the last ones: do not send it more.
-        return Err(Failed {
-            error: Error::Timeout(Duration::ZERO),
-            buf,
-        });
+        return Err((Error::Timeout(Duration::ZERO), buf));
     }
     // RUNNING → DONE by the job, or → ABANDONED by a timed-out waiter;
     // whichever comes second knows what the other did.
@@ -362,8 +378,9 @@ pub(crate) async fn run<T: Send + 'static>(
     let (job_state, job_stuck) = (state.clone(), stuck.clone());
     let guard = match (timeout, Watchdog::get()) {
         (Some(t), Some(dog)) => {
-            let limit = t.for_len(buf.len());
-            Some((buf.clone(), limit, dog.arm(limit)))
+            let limit = t.for_len(buf.as_ref().len());
+            // The copy may be plaintext: wiped however this future ends.
+            Some((Zeroizing::new(buf.clone()), limit, dog.arm(limit)))
         }
         _ => None,
     };
@@ -377,7 +394,9 @@ pub(crate) async fn run<T: Send + 'static>(
         if abandoned {
             job_stuck.fetch_sub(1, Ordering::AcqRel);
         }
-        let _ = tx.send((buf, r));
+        if let Err((mut unclaimed, _)) = tx.send((buf, r)) {
+            unclaimed.zeroize();
+        }
     });
     if let Err(work) = pool().submit(work) {
         // No thread could be started: run here rather than fail.
@@ -399,11 +418,7 @@ pub(crate) async fn run<T: Send + 'static>(
             })
             .await;
             match first {
-                Some(done) => {
-                    // The copy may be plaintext.
-                    copy.zeroize();
-                    done
-                }
+                Some(done) => done,
                 None => {
                     // Counted before it is marked, so the job's decrement
                     // (only after the mark) never precedes it.
@@ -412,14 +427,10 @@ pub(crate) async fn run<T: Send + 'static>(
                         .compare_exchange(RUNNING, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok();
                     if abandoned {
-                        return Err(Failed {
-                            error: Error::Timeout(limit),
-                            buf: copy,
-                        });
+                        return Err((Error::Timeout(limit), std::mem::take(&mut *copy)));
                     }
                     // It finished as the deadline passed: take its result.
                     stuck.fetch_sub(1, Ordering::AcqRel);
-                    copy.zeroize();
                     rx.await.ok()
                 }
             }
@@ -427,12 +438,9 @@ pub(crate) async fn run<T: Send + 'static>(
     };
     match done {
         Some((buf, Ok(t))) => Ok((buf, t)),
-        Some((buf, Err(error))) => Err(Failed { error, buf }),
+        Some((buf, Err(error))) => Err((error, buf)),
         // The job never reports only if its thread died outside it.
-        None => Err(Failed {
-            error: Error::Worker,
-            buf: Vec::new(),
-        }),
+        None => Err((Error::Worker, B::default())),
     }
 }
 
@@ -532,5 +540,93 @@ mod tests {
             .collect();
         let done = futures::executor::block_on(futures::future::join_all(jobs));
         assert!(done.iter().all(Result::is_ok));
+    }
+
+    /// A buffer that records, when freed, whether it was wiped first.
+    #[derive(Default, Debug)]
+    struct Tracked {
+        id: u32,
+        bytes: Vec<u8>,
+        freed: Arc<Mutex<Vec<(u32, bool)>>>,
+    }
+
+    impl Clone for Tracked {
+        fn clone(&self) -> Self {
+            Tracked {
+                id: self.id + 1000,
+                bytes: self.bytes.clone(),
+                freed: self.freed.clone(),
+            }
+        }
+    }
+
+    impl AsRef<[u8]> for Tracked {
+        fn as_ref(&self) -> &[u8] {
+            &self.bytes
+        }
+    }
+
+    impl Zeroize for Tracked {
+        fn zeroize(&mut self) {
+            self.bytes.iter_mut().for_each(|b| *b = 0);
+        }
+    }
+
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            let wiped = self.bytes.iter().all(|&b| b == 0);
+            self.freed.lock().unwrap().push((self.id, wiped));
+        }
+    }
+
+    /// Whether buffer `id` was freed, and wiped if so.
+    fn freed(log: &Arc<Mutex<Vec<(u32, bool)>>>, id: u32) -> Option<bool> {
+        log.lock()
+            .unwrap()
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, w)| *w)
+    }
+
+    #[test]
+    fn a_result_nobody_takes_is_wiped_before_it_is_freed() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let tracked = |id| Tracked {
+            id,
+            bytes: vec![7u8; 64],
+            freed: log.clone(),
+        };
+        // The "kernel" writes its result, slowly.
+        let job = |b: &mut Tracked| {
+            std::thread::sleep(Duration::from_millis(150));
+            b.bytes.fill(0xaa);
+            Ok(())
+        };
+        // 1. The request's future is dropped while the job runs.
+        {
+            let stuck = Arc::default();
+            let mut f = std::pin::pin!(run_with(&stuck, tracked(1), None, job));
+            let waker = std::task::Waker::noop();
+            let _ = f.as_mut().poll(&mut std::task::Context::from_waker(waker));
+        }
+        // 2. The request times out; its result arrives later.
+        let timeout = RequestTimeout {
+            fixed: Duration::from_millis(20),
+            per_mib: Duration::ZERO,
+        };
+        let (error, copy) =
+            futures::executor::block_on(run_with(&Arc::default(), tracked(2), Some(timeout), job))
+                .unwrap_err();
+        assert!(matches!(error, Error::Timeout(_)));
+        assert_eq!(copy.bytes, vec![7u8; 64], "the caller gets its input back");
+        drop(copy);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while (freed(&log, 1).is_none() || freed(&log, 2).is_none())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(freed(&log, 1), Some(true), "dropped request's result");
+        assert_eq!(freed(&log, 2), Some(true), "timed-out request's result");
     }
 }

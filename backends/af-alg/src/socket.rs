@@ -15,8 +15,8 @@ use nix::errno::Errno;
 use nix::fcntl::{OFlag, SpliceFFlags, splice, vmsplice};
 
 use nix::sys::socket::{
-    AddressFamily, AlgAddr, ControlMessage, MsgFlags, SockFlag, SockType, accept, bind, getsockopt,
-    sendmsg, setsockopt, socket, sockopt,
+    AddressFamily, AlgAddr, ControlMessage, MsgFlags, SockFlag, SockType, accept4, bind,
+    getsockopt, sendmsg, setsockopt, socket, sockopt,
 };
 
 use crate::error::Error;
@@ -171,9 +171,12 @@ impl Transform {
     }
 
     /// A new operation socket, with as large a send buffer as the kernel
-    /// grants.
+    /// grants — close-on-exec, as the transform socket is: it computes
+    /// with the transform's key, and a program the server execs must not
+    /// inherit it.
     pub(crate) fn accept(&self) -> Result<Op, Error> {
-        let raw = accept(self.fd.as_raw_fd()).map_err(|e| Error::sys("accept", &self.name, e))?;
+        let raw = accept4(self.fd.as_raw_fd(), SockFlag::SOCK_CLOEXEC)
+            .map_err(|e| Error::sys("accept", &self.name, e))?;
         // SAFETY: `accept` succeeded, so `raw` is a new open descriptor that
         // nothing else owns; the `OwnedFd` takes sole ownership and closes it.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
