@@ -7,6 +7,7 @@
 //! done with it instead of freeing memory a DMA may still write.
 
 use bytes::BytesMut;
+use zeroize::Zeroize;
 
 mod sealed {
     pub trait Sealed {}
@@ -44,7 +45,7 @@ impl Buffer for Vec<u8> {
     fn from_io(io: IoBuf) -> Self {
         match io.0 {
             Inner::Vec(v) => v,
-            Inner::Bytes(b) => Vec::from(b),
+            Inner::Bytes(mut b) => vec_from_bytes(&mut b),
         }
     }
     #[inline]
@@ -66,7 +67,7 @@ impl Buffer for BytesMut {
     fn from_io(io: IoBuf) -> Self {
         match io.0 {
             Inner::Bytes(b) => b,
-            Inner::Vec(v) => BytesMut::from(&v[..]),
+            Inner::Vec(mut v) => bytes_from_vec(&mut v),
         }
     }
     #[inline]
@@ -79,6 +80,27 @@ impl Buffer for BytesMut {
     fn shorten(&mut self, len: usize) {
         self.truncate(len);
     }
+}
+
+/// The bytes of `b` in a `Vec` of their own; `b`'s memory — its bytes and
+/// its spare capacity — wiped before it is freed (or left to whoever shares
+/// its allocation): it may hold plaintext, and a copy must not leave one
+/// behind. (`Vec::from(BytesMut)` copies, or moves the bytes within the
+/// allocation, and frees or keeps the rest unwiped.)
+fn vec_from_bytes(b: &mut BytesMut) -> Vec<u8> {
+    let v = b.to_vec();
+    b.as_mut().zeroize();
+    b.spare_capacity_mut().zeroize();
+    v
+}
+
+/// The bytes of `v` in a `BytesMut`; `v`'s memory (bytes and spare
+/// capacity) wiped before it is freed.
+fn bytes_from_vec(v: &mut Vec<u8>) -> BytesMut {
+    let b = BytesMut::from(&v[..]);
+    v.as_mut_slice().zeroize();
+    v.spare_capacity_mut().zeroize();
+    b
 }
 
 /// The owned buffer a [`Backend`](crate::Backend) works on: the caller's
@@ -143,5 +165,26 @@ impl From<BytesMut> for IoBuf {
 impl From<IoBuf> for Vec<u8> {
     fn from(io: IoBuf) -> Self {
         Vec::from_io(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conversion_wipes_the_buffer_it_copied_from() {
+        let mut b = BytesMut::with_capacity(128);
+        b.extend_from_slice(&[7u8; 64]);
+        assert_eq!(vec_from_bytes(&mut b), vec![7u8; 64]);
+        assert_eq!(&b[..], &[0u8; 64], "the BytesMut left behind is wiped");
+        let mut v = vec![9u8; 16];
+        assert_eq!(&bytes_from_vec(&mut v)[..], &[9u8; 16]);
+        assert_eq!(v, vec![0u8; 16], "the Vec left behind is wiped");
+        // Round trips through IoBuf keep the bytes.
+        let back: Vec<u8> = Vec::from_io(BytesMut::from(&[1u8, 2, 3][..]).into_io());
+        assert_eq!(back, vec![1, 2, 3]);
+        let back = BytesMut::from_io(vec![4u8, 5].into_io());
+        assert_eq!(&back[..], &[4, 5]);
     }
 }
