@@ -32,6 +32,18 @@ pub struct VfioBackend {
 /// How long a device stays up after its last session closes.
 pub const AUTOSUSPEND_DELAY: Duration = Duration::from_secs(1);
 
+/// How long a VFIO request may take before it is given up as hung and
+/// replayed on the CPU (the caller's buffer comes back unchanged: the
+/// driver works on a copy in DMA memory, which it keeps until the device
+/// lets go of it): 2 s, plus 100 ms a MiB — a 10 MB/s floor, as for
+/// AF_ALG. Measured from the request's start, waits for room in the queue
+/// and the DMA pool included. The timer is tokio's: under a paused clock
+/// (`tokio::time::pause`) it fires as soon as the runtime idles.
+pub const REQUEST_TIMEOUT: vfio::RequestTimeout = vfio::RequestTimeout {
+    fixed: Duration::from_secs(2),
+    per_mib: Duration::from_millis(100),
+};
+
 /// The power switch: VFIO's low-power entry and exit (D3hot and back; the
 /// device is set up again after, as D3hot resets it).
 struct LowPower(vfio::CryptoDevice);
@@ -149,6 +161,7 @@ fn algo_of(alg: CipherAlg) -> vfio::CipherAlgo {
 fn backend_error(e: vfio::Error) -> BackendError {
     match e {
         vfio::Error::Gone => BackendError::DeviceGone,
+        vfio::Error::Timeout(_) => BackendError::Timeout,
         vfio::Error::Invalid { .. } | vfio::Error::TooLarge { .. } => {
             BackendError::Unsupported(e.to_string())
         }
@@ -179,10 +192,19 @@ impl Backend for VfioBackend {
         Some(&self.power)
     }
 
+    fn queue_depth(&self) -> Option<usize> {
+        // More wait for room in the ring (back-pressure, never lost); the
+        // selector sends no more than it holds.
+        Some(self.device.queue_depth())
+    }
+
     fn max_request(&self, alg: Algorithm) -> Option<usize> {
-        // One tweak per request: an XTS data unit goes whole.
+        // One tweak per request: an XTS data unit goes whole, up to what
+        // the device takes (validated at open).
         match alg {
-            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => Some(vfio::MAX_REQUEST),
+            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => {
+                Some(self.device.limits().max_request)
+            }
             _ => None,
         }
     }
@@ -204,7 +226,9 @@ impl Backend for VfioBackend {
     fn operation_len(&self, alg: Algorithm) -> Option<usize> {
         // Longer CBC and CTR requests go in chained pieces of this size.
         match alg {
-            Algorithm::Cipher(c) if c.mode() != CipherMode::Xts => Some(vfio::MAX_REQUEST),
+            Algorithm::Cipher(c) if c.mode() != CipherMode::Xts => {
+                Some(self.device.limits().max_request)
+            }
             _ => None,
         }
     }
@@ -227,7 +251,8 @@ impl Backend for VfioBackend {
             .device
             .cipher_session(algo_of(alg), key.expose())
             .await
-            .map_err(backend_error)?;
+            .map_err(backend_error)?
+            .with_timeout(REQUEST_TIMEOUT);
         Ok(Box::new(Cipher(s, power)))
     }
 
