@@ -67,5 +67,14 @@ fn main() -> std::io::Result<()> {
     for (target, count) in n {
         println!("{count:4} seeds in {}", corpus.join(target).display());
     }
+    // The virtqueue target's inputs are raw bytes: the driver's harness
+    // names its own.
+    let dir = corpus.join("virtqueue");
+    std::fs::create_dir_all(&dir)?;
+    let seeds = crypto_offload_vfio::harness::seeds();
+    for (name, bytes) in &seeds {
+        std::fs::write(dir.join(format!("seed-{name}")), bytes)?;
+    }
+    println!("{:4} seeds in {}", seeds.len(), dir.display());
     Ok(())
 }
