@@ -2,12 +2,13 @@
 //! and connection counts, tampered and replayed records, bad frames, an
 //! engine, a clean shutdown; the key exchange (no key on the wire, keys of
 //! their own for every connection and HELLO, replayed connections, the
-//! PSK).
+//! PSK); loopback-only listening, the connection limit and the idle
+//! timeout.
 
 mod common;
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Server, run_load};
 use crypto_offload::{AeadAlg, AeadSession, Offload};
@@ -296,6 +297,18 @@ async fn raw_record(stream: &mut TcpStream) -> Option<([u8; HEADER], Vec<u8>)> {
         .expect("a record or the end within 10 s")
 }
 
+/// Waits at most 10 s for the server to close `stream`: whether it did.
+async fn closed_by_server(stream: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 256];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
 /// A hand-made client: a secret it can use for more than one HELLO (as
 /// one replaying its HELLO would), and its HELLO body.
 struct HandMade {
@@ -581,4 +594,96 @@ async fn with_another_psk_the_client_stops_and_forged_records_do_not_open() {
     let (ok, out, err) = run_load(LOAD, &args);
     assert!(!ok, "{out}\n{err}");
     assert!(err.contains("does not confirm the keys"), "{err}");
+}
+
+#[test]
+fn listen_takes_loopback_addresses_only_unless_insecure_listen_is_given() {
+    common::listens_on_loopback_only(SERVER, &[], "a man in the middle");
+}
+
+#[tokio::test]
+async fn past_the_connection_limit_a_connection_is_refused_until_one_closes() {
+    let server = Server::start(SERVER, &["--max-connections", "2"]);
+    let offload = Offload::builder().build().unwrap();
+    let (mut tx1, mut rx1) = client::connect(server.addr, &offload, None).await.unwrap();
+    let (mut tx2, mut rx2) = client::connect(server.addr, &offload, None).await.unwrap();
+    for (tx, rx) in [(&mut tx1, &mut rx1), (&mut tx2, &mut rx2)] {
+        tx.send(payload(1, 100)).await.unwrap();
+        tx.flush().await.unwrap();
+        assert_eq!(next(rx).await, Received::Data(payload(1, 100)));
+    }
+
+    // The third gets an ALERT at once and is closed; it is never queued.
+    let mut third = TcpStream::connect(server.addr).await.unwrap();
+    let (header, body) = raw_record(&mut third).await.expect("an ALERT");
+    assert_eq!(Header::decode(&header).kind, kind::ALERT);
+    assert_eq!(body[0], alert::BUSY);
+    assert!(String::from_utf8_lossy(&body).contains("2 connections"));
+    assert!(closed_by_server(&mut third).await);
+    // Through the client: an error at connect.
+    match client::connect(server.addr, &offload, None).await {
+        Err(RecordError::Refused { code, .. }) => assert_eq!(code, alert::BUSY),
+        Err(RecordError::Io(_)) => {} // the close won the race with the HELLO
+        other => panic!("a refusal expected: {:?}", other.map(|_| ())),
+    }
+    tx1.request_stats().await.unwrap();
+    tx1.flush().await.unwrap();
+    let Received::Stats(stats) = next(&mut rx1).await else {
+        panic!("STATS expected");
+    };
+    assert_eq!((stats.refused, stats.connections), (2, 2));
+
+    // Once one closes, a new connection is served.
+    drop((tx2, rx2));
+    let started = Instant::now();
+    let (mut tx, mut rx) = loop {
+        match client::connect(server.addr, &offload, None).await {
+            Ok(c) => break c,
+            Err(e) if started.elapsed() < Duration::from_secs(5) => {
+                drop(e);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("not served once a connection closed: {e}"),
+        }
+    };
+    tx.send(payload(2, 100)).await.unwrap();
+    tx.flush().await.unwrap();
+    assert_eq!(next(&mut rx).await, Received::Data(payload(2, 100)));
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_no_whole_record_within_the_idle_timeout_is_closed() {
+    let server = Server::start(SERVER, &["--idle-timeout", "1.5"]);
+    let offload = Offload::builder().build().unwrap();
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(server.addr).await.unwrap();
+    // Part of a header, and nothing more: a trickle is idle too.
+    let mut trickle = TcpStream::connect(server.addr).await.unwrap();
+    trickle.write_all(&[kind::DATA, 0, 0]).await.unwrap();
+    // A client that sends a record every 0.3 s stays open past 1.5 s.
+    let (mut tx, mut rx) = client::connect(server.addr, &offload, None).await.unwrap();
+    for n in 0..8 {
+        tx.send(payload(n, 64)).await.unwrap();
+        tx.flush().await.unwrap();
+        assert_eq!(next(&mut rx).await, Received::Data(payload(n, 64)));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(started.elapsed() > Duration::from_millis(2400));
+    assert!(closed_by_server(&mut silent).await);
+    assert!(closed_by_server(&mut trickle).await);
+    tx.request_stats().await.unwrap();
+    tx.flush().await.unwrap();
+    let Received::Stats(stats) = next(&mut rx).await else {
+        panic!("STATS expected");
+    };
+    assert_eq!(stats.idle_closed, 2);
+    // Idle in its turn, it is closed too, after the timeout and not before.
+    let last = Instant::now();
+    let end = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+    assert!(matches!(end, Ok(Ok(None))), "closed by the server: {end:?}");
+    assert!(
+        last.elapsed() >= Duration::from_millis(1400),
+        "{:?}",
+        last.elapsed()
+    );
 }

@@ -71,6 +71,9 @@ pub mod alert {
     /// A HELLO the server cannot take (a low-order public key); the
     /// connection keeps the keys it had.
     pub const HANDSHAKE: u8 = 6;
+    /// The server serves as many connections as it takes: this one is
+    /// closed after the alert.
+    pub const BUSY: u8 = 7;
 }
 
 /// Nonce direction: records sent to the server.
@@ -202,6 +205,11 @@ pub fn alert_record(seq: u64, code: u8, message: &str) -> Vec<u8> {
 pub struct RecordStats {
     /// Connections accepted.
     pub connections: u64,
+    /// Connections refused at the connection limit.
+    pub refused: u64,
+    /// Connections closed for sending no whole record within the idle
+    /// timeout.
+    pub idle_closed: u64,
     /// Key exchanges done (HELLOs answered).
     pub handshakes: u64,
     /// DATA records opened and echoed.

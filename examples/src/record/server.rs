@@ -2,7 +2,8 @@
 //! framing and answers each HELLO with a key exchange of its own, a
 //! pipeline that opens and re-seals up to `depth` DATA records at once (so
 //! one connection can keep an engine busy) and delivers them in order, and
-//! a writer.
+//! a writer. At most [`Limits::max_connections`] connections at once, each
+//! closed once it has sent no whole record for [`Limits::idle_timeout`].
 
 use std::io;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use super::protocol::{
     kind, open_record, record, seal_record,
 };
 use crate::backends::Offloads;
-use crate::lifecycle::{accept_until, process_cpu_ns, stopped};
+use crate::lifecycle::{Limits, accept_until, process_cpu_ns, refuse_with, stopped};
 use crate::wire::{discard, read_body, read_header, write_frames};
 
 /// DATA records one connection may have in the pipeline by default.
@@ -38,15 +39,18 @@ pub struct RecordServerConfig {
     /// authenticates. `None`: the exchange resists passive eavesdropping
     /// only.
     pub psk: Option<Psk>,
+    /// Connections at once, and the idle timeout.
+    pub limits: Limits,
 }
 
 impl Default for RecordServerConfig {
-    /// [`DEPTH`], [`MAX_PAYLOAD`], no PSK.
+    /// [`DEPTH`], [`MAX_PAYLOAD`], no PSK, the default [`Limits`].
     fn default() -> Self {
         RecordServerConfig {
             depth: DEPTH,
             max_payload: MAX_PAYLOAD,
             psk: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -54,6 +58,8 @@ impl Default for RecordServerConfig {
 #[derive(Debug, Default)]
 struct Counters {
     connections: AtomicU64,
+    refused: AtomicU64,
+    idle_closed: AtomicU64,
     handshakes: AtomicU64,
     records: AtomicU64,
     bytes: AtomicU64,
@@ -75,6 +81,7 @@ pub struct RecordServer {
     depth: usize,
     max_payload: usize,
     psk: Option<Psk>,
+    limits: Limits,
 }
 
 /// One key exchange's sessions: the client's records open under one key,
@@ -144,6 +151,7 @@ impl RecordServer {
             depth: config.depth.max(1),
             max_payload: config.max_payload.min(MAX_PAYLOAD),
             psk: config.psk,
+            limits: config.limits,
         })
     }
 
@@ -158,6 +166,8 @@ impl RecordServer {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RecordStats {
             connections: load(&c.connections),
+            refused: load(&c.refused),
+            idle_closed: load(&c.idle_closed),
             handshakes: load(&c.handshakes),
             records: load(&c.records),
             bytes: load(&c.bytes),
@@ -172,7 +182,8 @@ impl RecordServer {
 
     /// Accepts connections on `listener` until `shutdown` turns true (or
     /// its sender is dropped); then every connection stops reading, echoes
-    /// what it has read, and closes.
+    /// what it has read, and closes. A connection beyond the limit gets an
+    /// ALERT (`BUSY`) and is closed.
     ///
     /// # Errors
     /// Accepting failed.
@@ -184,15 +195,31 @@ impl RecordServer {
         listener: TcpListener,
         shutdown: watch::Receiver<bool>,
     ) -> io::Result<()> {
-        accept_until(listener, shutdown.clone(), |stream| {
-            bump(&self.counters.connections, 1);
-            self.clone().connection(stream, shutdown.clone())
-        })
+        let max = self.limits.max_connections;
+        let busy = alert_record(
+            0,
+            alert::BUSY,
+            &format!("busy: this server takes {max} connections at once"),
+        );
+        accept_until(
+            listener,
+            shutdown.clone(),
+            max,
+            |stream| {
+                bump(&self.counters.refused, 1);
+                refuse_with(stream, &busy);
+            },
+            |stream| {
+                bump(&self.counters.connections, 1);
+                self.clone().connection(stream, shutdown.clone())
+            },
+        )
         .await
     }
 
-    /// Serves one connection until the peer closes it or shutdown; what was
-    /// read before is still echoed.
+    /// Serves one connection until the peer closes it, sends no whole
+    /// record within the idle timeout, or shutdown; what was read before
+    /// is still echoed.
     ///
     /// # Cancel safety
     /// Dropping the future stops reading; the pipeline and the writer run on
@@ -224,15 +251,25 @@ impl RecordServer {
         // The sequence number of the last record sealed under `sessions`.
         let mut reply_seq = 0u64;
         loop {
-            let (header, body) = match next_record(&mut reader, max_body).await {
-                Ok(Some(Incoming::Record { header, body })) => (header, body),
-                Ok(Some(Incoming::Oversize { header })) => (header, Vec::new()),
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::debug!(error = %e, "connection ended inside a record");
-                    return;
-                }
-            };
+            // The idle clock runs while the server waits for the next whole
+            // record, not while the pipeline is full: a record trickled in a
+            // byte at a time is cut off too.
+            let idle = self.limits.idle_timeout;
+            let (header, body) =
+                match tokio::time::timeout(idle, next_record(&mut reader, max_body)).await {
+                    Err(_) => {
+                        bump(&self.counters.idle_closed, 1);
+                        tracing::debug!(?idle, "no whole record within the idle timeout: closing");
+                        return;
+                    }
+                    Ok(Ok(Some(Incoming::Record { header, body }))) => (header, body),
+                    Ok(Ok(Some(Incoming::Oversize { header }))) => (header, Vec::new()),
+                    Ok(Ok(None)) => return,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "connection ended inside a record");
+                        return;
+                    }
+                };
             let h = Header::decode(&header);
             let len = h.len as usize;
             let refusal = if len > max_body {
