@@ -1,5 +1,6 @@
 //! The block server binary, end to end: a verified load, the bad frames,
-//! corruption on disk, a clean shutdown, and kill -9 in the middle of a load.
+//! corruption on disk, a clean shutdown, kill -9 in the middle of a load,
+//! loopback-only listening, the connection limit and the idle timeout.
 
 mod common;
 
@@ -9,9 +10,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use common::{Server, run_load};
-use offload_examples::block::client::BlockClient;
+use offload_examples::block::client::{BlockClient, ClientError};
 use offload_examples::block::load::{self, LoadConfig};
-use offload_examples::block::protocol::{Request, Status, max_request, op};
+use offload_examples::block::protocol::{
+    Request, Response, Status, decode_response, max_request, op,
+};
 use offload_examples::block::volume::{Geometry, SLOT_HEADER};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_block-server");
@@ -306,4 +309,119 @@ async fn an_engine_serves_every_block_when_forced_and_auto_accounts_for_every_by
         let (status, stderr) = server.terminate();
         assert!(status.success(), "{stderr}");
     }
+}
+
+#[test]
+fn listen_takes_loopback_addresses_only_unless_insecure_listen_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let volume = dir.path().join("vol");
+    let args = ["--volume", volume.to_str().unwrap(), "--blocks", "64"];
+    let (status, stderr) =
+        common::refused(SERVER, &[&args[..], &["--listen", "0.0.0.0:7700"]].concat());
+    assert!(!status.success(), "{stderr}");
+    assert!(!volume.exists(), "refused before it touched the volume");
+    common::listens_on_loopback_only(SERVER, &args, "can read and overwrite every block");
+}
+
+/// Reads a whole response frame off a raw connection; `None` at its end.
+async fn raw_response(stream: &mut tokio::net::TcpStream) -> Option<Response> {
+    use tokio::io::AsyncReadExt;
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).await.ok()?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    stream.read_exact(&mut body).await.ok()?;
+    Some(decode_response(body).unwrap())
+}
+
+/// Waits at most 10 s for the server to close `stream`: whether it did.
+async fn closed_by_server(stream: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn past_the_connection_limit_a_connection_is_refused_until_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&dir.path().join("vol"), &["--max-connections", "2"]);
+    let first = BlockClient::connect(server.addr).await.unwrap();
+    let second = BlockClient::connect(server.addr).await.unwrap();
+    // Both served: a round trip each.
+    first.write(1, block(1)).await.unwrap();
+    assert_eq!(second.read(1).await.unwrap(), block(1));
+
+    // The third gets BUSY at once and is closed; it is never queued.
+    let mut third = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let busy = tokio::time::timeout(Duration::from_secs(5), raw_response(&mut third))
+        .await
+        .expect("refused at once, not queued")
+        .expect("a BUSY response before the close");
+    assert_eq!((busy.id, busy.status), (0, Status::Busy), "{busy:?}");
+    assert!(String::from_utf8_lossy(&busy.payload).contains("2 connections"));
+    assert!(closed_by_server(&mut third).await);
+    // Through the client: every call gets the refusal.
+    let refused = BlockClient::connect(server.addr).await.unwrap();
+    match refused.read(1).await {
+        Err(ClientError::Server { status, .. }) => assert_eq!(status, Status::Busy),
+        Err(ClientError::Closed) => {} // the close won the race with the call
+        other => panic!("a refusal expected: {other:?}"),
+    }
+    assert_eq!(first.stats().await.unwrap().refused, 2);
+
+    // Once one closes, a new connection is served.
+    drop(second);
+    let mut served = None;
+    for _ in 0..100 {
+        let client = BlockClient::connect(server.addr).await.unwrap();
+        if client.read(1).await.is_ok() {
+            served = Some(client);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fourth = served.expect("served once a connection closed");
+    assert_eq!(fourth.read(1).await.unwrap(), block(1));
+    assert_eq!(first.read(1).await.unwrap(), block(1), "still served");
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_no_whole_request_within_the_idle_timeout_is_closed() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&dir.path().join("vol"), &["--idle-timeout", "1.5"]);
+    let started = std::time::Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    // Half a frame header, and nothing more: a trickle is idle too.
+    let mut trickle = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    trickle.write_all(&[0, 0]).await.unwrap();
+    // A client that sends a request every 0.3 s stays open past 1.5 s.
+    let busy = BlockClient::connect(server.addr).await.unwrap();
+    for i in 0..8u8 {
+        busy.write(3, block(i)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(busy.read(3).await.unwrap(), block(7));
+    assert!(started.elapsed() > Duration::from_millis(2400));
+    assert!(closed_by_server(&mut silent).await);
+    assert!(closed_by_server(&mut trickle).await);
+    assert_eq!(busy.stats().await.unwrap().idle_closed, 2);
+    // Idle in its turn, it is closed too, after the timeout and not before.
+    let last = std::time::Instant::now();
+    let mut closed = false;
+    while last.elapsed() < Duration::from_secs(10) && !closed {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        closed = busy.is_closed();
+    }
+    assert!(closed, "still open 10 s after its last request");
+    assert!(
+        last.elapsed() >= Duration::from_millis(1400),
+        "{:?}",
+        last.elapsed()
+    );
 }

@@ -1,13 +1,15 @@
 //! `block-server`: the encrypted block store.
 //!
 //! ```text
-//! block-server --volume /tmp/vol [--listen 127.0.0.1:7700] [--blocks 16384] [--block-size 4096]
+//! block-server --volume /tmp/vol [--listen 127.0.0.1:7700 | --insecure-listen ADDR]
+//!              [--blocks 16384] [--block-size 4096] [--max-connections 256] [--idle-timeout 60]
 //!              [--policy throughput] [--backend cpu] [--sim qce]
 //! ```
 //!
 //! Prints `listening on ADDR` on stdout once it accepts connections; stops
 //! cleanly (in-flight requests finished, volume marked closed) on SIGTERM
-//! or Ctrl-C.
+//! or Ctrl-C. It authenticates no client, so `--listen` takes loopback
+//! addresses only; `--insecure-listen` listens anywhere, with a warning.
 
 #![forbid(unsafe_code)]
 
@@ -18,17 +20,23 @@ use std::process::ExitCode;
 use clap::Parser;
 use crypto_offload::{CipherAlg, CrcAlg};
 use offload_examples::backends::{self, BackendArgs};
-use offload_examples::block::server::{BlockServer, MAX_IN_FLIGHT};
+use offload_examples::block::server::{BlockServer, BlockServerConfig, MAX_IN_FLIGHT};
 use offload_examples::block::volume::{Geometry, Volume, VolumeKey};
-use offload_examples::lifecycle;
+use offload_examples::lifecycle::{self, Limits};
 
 /// An encrypted block store: AES-256-XTS blocks with a CRC-32C each, over TCP.
 #[derive(Parser, Debug)]
 #[command(name = "block-server", version)]
 struct Args {
-    /// Address to listen on (port 0: any free port).
-    #[arg(long, default_value = "127.0.0.1:7700")]
+    /// Loopback address to listen on (port 0: any free port). The server
+    /// authenticates no client: anyone who reaches it reads and writes
+    /// every block.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700", value_parser = lifecycle::loopback)]
     listen: SocketAddr,
+    /// Listen on this address even if it is not loopback, open to anyone
+    /// who can reach it (instead of --listen).
+    #[arg(long, value_name = "ADDR", conflicts_with = "listen")]
+    insecure_listen: Option<SocketAddr>,
     /// The volume file (created if missing).
     #[arg(long)]
     volume: PathBuf,
@@ -45,6 +53,8 @@ struct Args {
     /// Requests each connection may have in flight.
     #[arg(long, default_value_t = MAX_IN_FLIGHT)]
     max_in_flight: usize,
+    #[command(flatten)]
+    limits: Limits,
     #[command(flatten)]
     backends: BackendArgs,
     /// Log level on stderr: error, warn, info, debug, trace.
@@ -95,10 +105,25 @@ async fn run(args: Args) -> Result<(), Error> {
         offloads.describe(),
     );
     let shutdown = lifecycle::on_signals()?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let listener =
+        tokio::net::TcpListener::bind(args.insecure_listen.unwrap_or(args.listen)).await?;
+    let addr = listener.local_addr()?;
+    if args.insecure_listen.is_some() {
+        tracing::warn!(
+            %addr,
+            "--insecure-listen: the block server authenticates no client and its \
+             requests and blocks cross the network in the clear: anyone who can \
+             reach {addr} can read and overwrite every block of {}",
+            args.volume.display()
+        );
+    }
     // The tests and scripts wait for this line.
-    println!("listening on {}", listener.local_addr()?);
-    let server = BlockServer::new(volume, offloads, args.max_in_flight);
+    println!("listening on {addr}");
+    let config = BlockServerConfig {
+        max_in_flight: args.max_in_flight,
+        limits: args.limits,
+    };
+    let server = BlockServer::new(volume, offloads, config);
     server.serve(listener, shutdown).await?;
     let stats = server.stats();
     server.close().await?;

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! record-load [--addr 127.0.0.1:7701] [--sizes 64,512,1500,16384] [--connections 1,16]
-//!             [--duration 2] [--window 32] [--policy …] [--backend …] [--sim …]
+//!             [--duration 2] [--window 32] [--psk-file PATH] [--policy …] [--backend …] [--sim …]
 //! ```
 //!
 //! The `--policy`, `--backend` and `--sim` flags choose the load
@@ -13,11 +13,14 @@
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use offload_examples::backends::{BackendArgs, format_served};
+use offload_examples::record::handshake::Psk;
 use offload_examples::record::load::{self, RecordLoadConfig};
 use offload_examples::{lifecycle, pattern};
 
@@ -43,6 +46,9 @@ struct Args {
     /// Stop each connection after this many records.
     #[arg(long)]
     records: Option<u64>,
+    /// The pre-shared key file the server was given with --psk-file.
+    #[arg(long, value_name = "PATH")]
+    psk_file: Option<PathBuf>,
     #[command(flatten)]
     backends: BackendArgs,
 }
@@ -57,6 +63,12 @@ async fn run(args: Args) -> Result<bool, Error> {
     let Ok(duration) = Duration::try_from_secs_f64(args.duration) else {
         return Err("--duration must be a number of seconds".into());
     };
+    let psk = args
+        .psk_file
+        .as_deref()
+        .map(Psk::load)
+        .transpose()?
+        .map(Arc::new);
     let offloads = args.backends.offloads().await?;
     let offload = offloads.for_alg(crypto_offload::AeadAlg::Aes128Gcm).clone();
     let mut clean = true;
@@ -70,6 +82,7 @@ async fn run(args: Args) -> Result<bool, Error> {
                 duration,
                 records: args.records,
                 seed: pattern::random_u64(),
+                psk: psk.clone(),
                 ..RecordLoadConfig::new(args.addr)
             };
             let p = load::run(&config, &offload).await?;

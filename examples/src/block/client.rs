@@ -141,6 +141,11 @@ impl BlockClient {
         rx.await.map_err(|_| ClientError::Closed)
     }
 
+    /// Whether the connection has ended (the server closed it, or died).
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     fn forget(&self, id: u64) {
         self.pending
             .lock()
@@ -233,6 +238,20 @@ async fn read_responses(reader: OwnedReadHalf, pending: Pending, closed: Arc<Ato
             break;
         };
         match decode_response(body) {
+            // Refused at the server's connection limit: every call gets the
+            // refusal (`ClientError::Server` with `Status::Busy`).
+            Ok(response) if response.status == Status::Busy => {
+                tracing::warn!(?response, "the server is busy: closing");
+                let waiters: Vec<_> = pending
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .drain()
+                    .collect();
+                for (_, waiter) in waiters {
+                    let _ = waiter.send(response.clone());
+                }
+                break;
+            }
             Ok(response) => {
                 let waiter = pending
                     .lock()

@@ -10,13 +10,18 @@
 //!   STATS 4: —
 //! response body: status u8 | id u64 | payload
 //!   OK 0: READ → the block; STATS → JSON (`BlockStats`); else empty
-//!   BAD_FRAME 1, OUT_OF_RANGE 2, CORRUPT 3, FAILED 4: a UTF-8 message
+//!   BAD_FRAME 1, OUT_OF_RANGE 2, CORRUPT 3, FAILED 4, BUSY 5: a UTF-8 message
 //! ```
 //!
 //! All integers are big-endian. `id` is the client's: responses carry it
 //! back and may come in any order. A frame the server cannot take gets an
 //! error response (id 0 if the frame was too short to carry one) and the
-//! connection goes on.
+//! connection goes on. A connection beyond the server's limit gets one
+//! BUSY response (id 0) and is closed.
+//!
+//! Nothing here authenticates the client: whoever can connect can read and
+//! overwrite every block. That is why the server listens on loopback only
+//! unless told otherwise (`--insecure-listen`).
 
 use serde::{Deserialize, Serialize};
 
@@ -250,6 +255,9 @@ pub enum Status {
     Corrupt = 3,
     /// The server could not do it (I/O error, a backend failure).
     Failed = 4,
+    /// The server serves as many connections as it takes: this one is
+    /// closed after this response (id 0).
+    Busy = 5,
 }
 
 impl Status {
@@ -261,6 +269,7 @@ impl Status {
             2 => Status::OutOfRange,
             3 => Status::Corrupt,
             4 => Status::Failed,
+            5 => Status::Busy,
             _ => return None,
         })
     }
@@ -343,6 +352,11 @@ pub struct BlockStats {
     pub bad_frames: u64,
     /// Reads refused because the block failed its CRC.
     pub corrupt: u64,
+    /// Connections refused at the connection limit.
+    pub refused: u64,
+    /// Connections closed for sending no whole request within the idle
+    /// timeout.
+    pub idle_closed: u64,
     /// Requests that failed for another reason.
     pub failed: u64,
     /// Half-written slots found and discarded when the volume was opened

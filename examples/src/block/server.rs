@@ -1,12 +1,17 @@
 //! The block server: one task per connection reading frames, one task per
 //! request (up to a bound per connection, so a client cannot queue without
-//! limit), and one task writing responses in the order they finish.
+//! limit), and one task writing responses in the order they finish. At most
+//! [`Limits::max_connections`] connections at once, each closed once it has
+//! sent no whole request for [`Limits::idle_timeout`].
+//!
+//! It authenticates no one: anyone who can connect reads and writes every
+//! block. Listen on loopback, or put an authenticated transport in front.
 
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::io::BufReader;
+use tokio::io::{AsyncRead, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
@@ -17,11 +22,30 @@ use super::protocol::{
 };
 use super::volume::{Volume, VolumeError};
 use crate::backends::Offloads;
-use crate::lifecycle::{accept_until, process_cpu_ns, stopped};
+use crate::lifecycle::{Limits, accept_until, process_cpu_ns, refuse_with, stopped};
 use crate::wire::{discard, read_body, read_header, write_frames};
 
 /// Requests one connection may have in flight by default.
 pub const MAX_IN_FLIGHT: usize = 64;
+
+/// How a block server treats its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockServerConfig {
+    /// Requests each connection may have in flight.
+    pub max_in_flight: usize,
+    /// Connections at once, and the idle timeout.
+    pub limits: Limits,
+}
+
+impl Default for BlockServerConfig {
+    /// [`MAX_IN_FLIGHT`] and the default [`Limits`].
+    fn default() -> Self {
+        BlockServerConfig {
+            max_in_flight: MAX_IN_FLIGHT,
+            limits: Limits::default(),
+        }
+    }
+}
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -31,6 +55,8 @@ struct Counters {
     bad_frames: AtomicU64,
     corrupt: AtomicU64,
     failed: AtomicU64,
+    refused: AtomicU64,
+    idle_closed: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -44,18 +70,27 @@ pub struct BlockServer {
     offloads: Offloads,
     counters: Counters,
     max_in_flight: usize,
+    limits: Limits,
+}
+
+/// What a connection's reader got.
+enum Frame {
+    /// A request body, to decode.
+    Body(Vec<u8>),
+    /// A frame longer than any request, thrown away: its claimed length.
+    Oversize(u64),
 }
 
 impl BlockServer {
     /// A server for `volume`, whose sessions were opened on `offloads`
-    /// (for STATS), letting each connection have `max_in_flight` requests
-    /// in flight.
-    pub fn new(volume: Volume, offloads: Offloads, max_in_flight: usize) -> Arc<Self> {
+    /// (for STATS), treating connections as `config` says.
+    pub fn new(volume: Volume, offloads: Offloads, config: BlockServerConfig) -> Arc<Self> {
         Arc::new(BlockServer {
             volume,
             offloads,
             counters: Counters::default(),
-            max_in_flight: max_in_flight.max(1),
+            max_in_flight: config.max_in_flight.max(1),
+            limits: config.limits,
         })
     }
 
@@ -79,6 +114,8 @@ impl BlockServer {
             bad_frames: load(&c.bad_frames),
             corrupt: load(&c.corrupt),
             failed: load(&c.failed),
+            refused: load(&c.refused),
+            idle_closed: load(&c.idle_closed),
             torn_discarded: opened.torn_discarded,
             opened_clean: opened.clean,
             cpu_ns: process_cpu_ns(),
@@ -90,7 +127,8 @@ impl BlockServer {
     /// Accepts connections on `listener` until `shutdown` turns true (or
     /// its sender is dropped), then stops reading, lets every request in
     /// flight finish and its response go out, and returns. Close the
-    /// volume after it ([`BlockServer::close`]).
+    /// volume after it ([`BlockServer::close`]). A connection beyond the
+    /// limit gets a BUSY response and is closed.
     ///
     /// # Errors
     /// Accepting failed.
@@ -104,9 +142,20 @@ impl BlockServer {
         listener: TcpListener,
         shutdown: watch::Receiver<bool>,
     ) -> io::Result<()> {
-        accept_until(listener, shutdown.clone(), |stream| {
-            self.clone().connection(stream, shutdown.clone())
-        })
+        let max = self.limits.max_connections;
+        let mut busy = Vec::new();
+        let message = format!("busy: this server takes {max} connections at once");
+        encode_response(0, Status::Busy, message.as_bytes(), &mut busy);
+        accept_until(
+            listener,
+            shutdown.clone(),
+            max,
+            |stream| {
+                bump(&self.counters.refused);
+                refuse_with(stream, &busy);
+            },
+            |stream| self.clone().connection(stream, shutdown.clone()),
+        )
         .await
     }
 
@@ -126,8 +175,9 @@ impl BlockServer {
         }
     }
 
-    /// Serves one connection until the peer closes it or shutdown: every
-    /// request read is answered before the connection closes.
+    /// Serves one connection until the peer closes it, sends no whole
+    /// request within the idle timeout, or shutdown: every request read is
+    /// answered before the connection closes.
     ///
     /// # Cancel safety
     /// Dropping the future stops reading and drops the connection; requests
@@ -148,29 +198,34 @@ impl BlockServer {
                 () = stopped(&mut shutdown) => break,
             };
             let Ok(slot) = slot else { break };
-            let header = tokio::select! {
-                h = read_header::<_, 4>(&mut reader) => h,
+            // The idle clock runs while the server waits for the next whole
+            // frame, not while the client waits for its answers: a frame
+            // trickled in a byte at a time is cut off too.
+            let idle = self.limits.idle_timeout;
+            let frame = tokio::select! {
+                f = tokio::time::timeout(idle, next_frame(&mut reader, max)) => f,
                 () = stopped(&mut shutdown) => break,
             };
-            let len = match header {
-                Ok(Some(h)) => u64::from(u32::from_be_bytes(h)),
-                Ok(None) => break,
-                Err(e) => {
+            let frame = match frame {
+                Err(_) => {
+                    bump(&self.counters.idle_closed);
+                    tracing::debug!(?idle, "no whole request within the idle timeout: closing");
+                    break;
+                }
+                Ok(Ok(Some(frame))) => frame,
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) => {
                     tracing::debug!(error = %e, "connection ended inside a frame");
                     break;
                 }
             };
-            if len > max as u64 {
-                self.refuse(&responses, 0, FrameError::Oversize { len, max })
-                    .await;
-                if discard(&mut reader, len).await.is_err() {
-                    break;
+            let body = match frame {
+                Frame::Body(body) => body,
+                Frame::Oversize(len) => {
+                    self.refuse(&responses, 0, FrameError::Oversize { len, max })
+                        .await;
+                    continue;
                 }
-                continue;
-            }
-            let body = match read_body(&mut reader, len as usize).await {
-                Ok(b) => b,
-                Err(_) => break,
             };
             match decode_request(body, block_size) {
                 Err((id, why)) => self.refuse(&responses, id, why).await,
@@ -249,4 +304,25 @@ impl BlockServer {
         }
         frame
     }
+}
+
+/// Reads the next frame: its body, or, for a frame longer than `max`, its
+/// length once the body has been thrown away. `None` at a clean end.
+///
+/// # Errors
+/// The stream ended inside a frame; any read error.
+///
+/// # Cancel safety
+/// Not cancel safe: a frame partly read is lost, and the stream is out of
+/// step; the caller drops the connection.
+async fn next_frame<R: AsyncRead + Unpin>(reader: &mut R, max: usize) -> io::Result<Option<Frame>> {
+    let Some(header) = read_header::<_, 4>(reader).await? else {
+        return Ok(None);
+    };
+    let len = u64::from(u32::from_be_bytes(header));
+    if len > max as u64 {
+        discard(reader, len).await?;
+        return Ok(Some(Frame::Oversize(len)));
+    }
+    Ok(Some(Frame::Body(read_body(reader, len as usize).await?)))
 }

@@ -1,14 +1,28 @@
 //! The volume: a file of fixed-size blocks, each stored as AES-256-XTS
-//! ciphertext (tweak = block number) with the CRC-32C of that ciphertext.
+//! ciphertext with the CRC-32C of that ciphertext.
 //!
 //! ```text
-//! offset 0      superblock (4 KiB): magic, version, block size, blocks,
-//!               key check, clean flag, CRC-32C of the superblock
+//! offset 0      superblock (4 KiB): magic, format version (2), block size,
+//!               blocks, key check, clean flag, generation, CRC-32C of the
+//!               superblock
 //! 4096 + (2·block + s)·(32 + block_size)
 //!               slot s ∈ {0, 1} of block `block`: a 32-byte header
 //!               (magic, CRC-32C of the ciphertext, sequence number, block
 //!               number) and the ciphertext
 //! ```
+//!
+//! **A tweak per write.** The XTS tweak of a write is its block number
+//! (low 8 bytes, little-endian) and its sequence number (high 8 bytes), so
+//! no two writes of any block share a tweak: two versions of a block, even
+//! of the same data, are unrelated ciphertexts, and a snapshot of the file
+//! taken between them does not show which 16-byte pieces changed. A
+//! block's sequence numbers increase with each write; each open of the
+//! volume starts a new generation (counted in the superblock), and a write
+//! takes a number at least `generation · 2³²`, so a number handed out
+//! before a crash — by a write that never finished, or by one a power loss
+//! took back — is never handed out again. (Version 1 of the format used
+//! the block number alone, so both slots of a block shared one tweak; it
+//! is refused with [`VolumeError::Version`].)
 //!
 //! **No torn blocks.** Each block has two slots. A write goes to the slot
 //! that is not current, with the next sequence number, and only then becomes
@@ -17,13 +31,24 @@
 //! its CRC and the previous version is still whole in the other slot (a
 //! block whose first write was cut short reads as never written: zeros).
 //!
-//! **Corruption is reported, never returned.** A read verifies the slot's
-//! CRC-32C before decrypting; a mismatch is [`VolumeError::Corrupt`].
-//! Opening tells the two cases apart with the superblock's clean flag: it
-//! is cleared when the volume opens and set by [`Volume::close`], so after
-//! a crash a newest slot that fails its CRC is a write that never finished
-//! (it is discarded and the previous version kept, and counted), while
-//! after a clean shutdown it is corruption (reads report it).
+//! **What the CRC-32C catches, and what it does not.** A read verifies the
+//! slot's CRC-32C before decrypting; a mismatch is [`VolumeError::Corrupt`],
+//! and no data is returned. That catches *accidents*: bits rotted on the
+//! medium, a torn or misdirected write, a slot of another block. It does
+//! not catch *deliberate* changes: the CRC is unkeyed, so anyone who can
+//! write the file can change a slot's ciphertext and store the CRC of the
+//! result (XTS has no integrity of its own: the block then decrypts to
+//! garbage that is returned as data), or put back an older version of a
+//! block, slot header and all — a rollback that reads back as valid. A
+//! store that must detect tampering needs a keyed check (a MAC or an AEAD
+//! per block), and one that must detect rollback needs, besides, a root of
+//! those checks kept where the attacker cannot write.
+//!
+//! Opening tells the two accidental cases apart with the superblock's clean
+//! flag: it is cleared when the volume opens and set by [`Volume::close`],
+//! so after a crash a newest slot that fails its CRC is a write that never
+//! finished (it is discarded and the previous version kept, and counted),
+//! while after a clean shutdown it is corruption (reads report it).
 //!
 //! **Durability.** A write is acknowledged once it is in the file (the OS
 //! page cache): it survives the process being killed. [`Volume::flush`]
@@ -50,11 +75,13 @@ pub const SUPERBLOCK: u64 = 4096;
 /// Bytes of a slot's header.
 pub const SLOT_HEADER: usize = 32;
 const MAGIC: &[u8; 8] = b"OFFLDVOL";
-const VERSION: u32 = 1;
+/// The format version this program reads and writes.
+pub const VERSION: u32 = 2;
 const SLOT_MAGIC: u32 = 0x4f42_4b31;
 /// Stripes of the per-block locks.
 const STRIPES: usize = 1024;
-/// The tweak of the block whose ciphertext checks the key: no block has it.
+/// The tweak of the block whose ciphertext checks the key: no write has it
+/// (its block number, `u64::MAX`, is beyond every volume).
 const KEY_CHECK_TWEAK: u128 = u128::MAX;
 
 /// Block size and count, for a new volume (an existing one keeps its own).
@@ -141,13 +168,25 @@ pub enum VolumeError {
     /// Block size and count a volume cannot have.
     #[error("invalid geometry {0:?}: blocks of 16 B to 1 MiB in multiples of 16, at least one")]
     Geometry(Geometry),
-    /// The file is not a volume (or not one this version reads).
+    /// The file is not a volume.
     #[error("{path} is not a volume: {why}")]
     NotAVolume {
         /// The file.
         path: PathBuf,
         /// What is wrong with it.
         why: &'static str,
+    },
+    /// A volume of a format version this program does not read.
+    #[error(
+        "{path} is a version-{found} volume; this program reads version {VERSION} only \
+         (version 1 encrypted every write of a block under the same XTS tweak): \
+         copy its data out with the program that wrote it"
+    )]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        found: u32,
     },
     /// The key is not the volume's.
     #[error("the key does not open this volume")]
@@ -252,10 +291,19 @@ struct Superblock {
     geometry: Geometry,
     key_check: u32,
     clean: bool,
+    /// Opens of the volume so far (see the module docs).
+    generation: u64,
+}
+
+/// Why a superblock was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BadSuperblock {
+    NotAVolume(&'static str),
+    Version(u32),
 }
 
 impl Superblock {
-    const LEN: usize = 36;
+    const LEN: usize = 44;
 
     fn encode(&self, crc: impl Fn(&[u8]) -> u32) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
@@ -265,20 +313,24 @@ impl Superblock {
         b[16..24].copy_from_slice(&self.geometry.blocks.to_le_bytes());
         b[24..28].copy_from_slice(&self.key_check.to_le_bytes());
         b[28] = u8::from(self.clean);
-        let sum = crc(&b[..32]);
-        b[32..36].copy_from_slice(&sum.to_le_bytes());
+        b[32..40].copy_from_slice(&self.generation.to_le_bytes());
+        let sum = crc(&b[..40]);
+        b[40..44].copy_from_slice(&sum.to_le_bytes());
         b
     }
 
-    fn decode(b: &[u8; Self::LEN], crc: impl Fn(&[u8]) -> u32) -> Result<Self, &'static str> {
+    /// The superblock in `b`. The version is checked before the CRC, whose
+    /// place depends on it, so an old volume is named as one.
+    fn decode(b: &[u8; Self::LEN], crc: impl Fn(&[u8]) -> u32) -> Result<Self, BadSuperblock> {
         if &b[..8] != MAGIC {
-            return Err("no volume magic");
+            return Err(BadSuperblock::NotAVolume("no volume magic"));
         }
-        if le_u32(b, 32) != crc(&b[..32]) {
-            return Err("the superblock fails its CRC");
+        let version = le_u32(b, 8);
+        if version != VERSION {
+            return Err(BadSuperblock::Version(version));
         }
-        if le_u32(b, 8) != VERSION {
-            return Err("a version this program does not read");
+        if le_u32(b, 40) != crc(&b[..40]) {
+            return Err(BadSuperblock::NotAVolume("the superblock fails its CRC"));
         }
         Ok(Superblock {
             geometry: Geometry {
@@ -287,6 +339,7 @@ impl Superblock {
             },
             key_check: le_u32(b, 24),
             clean: b[28] == 1,
+            generation: le_u64(b, 32),
         })
     }
 }
@@ -337,14 +390,20 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-fn tweak(block: u64) -> [u8; 16] {
-    u128::from(block).to_le_bytes()
+/// The XTS tweak of version `seq` of `block`: the block number in the low
+/// 8 bytes, the sequence number in the high 8 (a 128-bit little-endian
+/// number, as XTS takes a sector number).
+fn tweak(block: u64, seq: u64) -> [u8; 16] {
+    (u128::from(seq) << 64 | u128::from(block)).to_le_bytes()
 }
 
 /// The file and the per-block state, shared with the blocking pool.
 struct Store {
     file: File,
     geometry: Geometry,
+    /// This open's generation: every write's sequence number is at least
+    /// `generation << 32`.
+    generation: u64,
     /// Per block: `seq << 1 | slot` of its current slot; 0 if never written.
     state: Box<[AtomicU64]>,
     /// Readers and the writer of a block take its stripe's lock, so a read
@@ -356,6 +415,14 @@ impl Store {
     fn current(&self, block: u64) -> (u64, u8) {
         let v = self.state[block as usize].load(Ordering::Acquire);
         (v >> 1, (v & 1) as u8)
+    }
+
+    /// The sequence number and slot of the next write of `block` (its
+    /// stripe locked for writing).
+    fn next(&self, block: u64) -> (u64, u8) {
+        let (seq, current) = self.current(block);
+        let target = if seq == 0 { 0 } else { current ^ 1 };
+        ((seq + 1).max(self.generation << 32), target)
     }
 
     fn stripe(&self, block: u64) -> Arc<RwLock<()>> {
@@ -460,15 +527,21 @@ impl Volume {
         })
         .await?;
 
-        let (geometry, clean, key_check, created) = match existing {
+        let (geometry, clean, key_check, created, generation) = match existing {
             None => {
                 geometry.check()?;
-                (geometry, true, None, true)
+                (geometry, true, None, true, 1)
             }
             Some((b, len)) => {
-                let sb = Superblock::decode(&b, &sum).map_err(|why| VolumeError::NotAVolume {
-                    path: path.to_owned(),
-                    why,
+                let sb = Superblock::decode(&b, &sum).map_err(|bad| match bad {
+                    BadSuperblock::NotAVolume(why) => VolumeError::NotAVolume {
+                        path: path.to_owned(),
+                        why,
+                    },
+                    BadSuperblock::Version(found) => VolumeError::Version {
+                        path: path.to_owned(),
+                        found,
+                    },
                 })?;
                 sb.geometry.check()?;
                 if sb.geometry.file_len() != Some(len) {
@@ -477,7 +550,13 @@ impl Volume {
                         why: "its length does not match its geometry",
                     });
                 }
-                (sb.geometry, sb.clean, Some(sb.key_check), false)
+                (
+                    sb.geometry,
+                    sb.clean,
+                    Some(sb.key_check),
+                    false,
+                    sb.generation + 1,
+                )
             }
         };
 
@@ -498,11 +577,14 @@ impl Volume {
             return Err(VolumeError::WrongKey);
         }
 
-        // In use from now on: a crash before `close` is seen at the next open.
+        // In use from now on, in a new generation: a crash before `close`
+        // is seen at the next open, and no write from now on takes a
+        // sequence number handed out before.
         let in_use = Superblock {
             geometry,
             key_check: check,
             clean: false,
+            generation,
         }
         .encode(&sum);
         let (file, state, torn_discarded) = blocking(move || {
@@ -524,6 +606,7 @@ impl Volume {
         let store = Store {
             file,
             geometry,
+            generation,
             state,
             stripes: (0..STRIPES).map(|_| Arc::new(RwLock::new(()))).collect(),
         };
@@ -579,22 +662,23 @@ impl Volume {
                 expected: block_size,
             });
         }
+        // The block's lock is taken before its sequence number, which the
+        // tweak holds, is chosen: two writes of one block go one after the
+        // other, each with a number of its own.
+        let guard = self.store.stripe(block).write_owned().await;
+        let (seq, target) = self.store.next(block);
         let ciphertext = self
             .xts
-            .encrypt(&tweak(block), data)
+            .encrypt(&tweak(block, seq), data)
             .await
             .map_err(crypto_offload::Error::from)?;
         let (ciphertext, crc) = self.crcs.checksum(ciphertext).await?;
         let mut slot = vec![0u8; SLOT_HEADER];
+        SlotHeader { crc, seq, block }.encode(&mut slot);
         slot.extend_from_slice(&ciphertext);
-        let guard = self.store.stripe(block).write_owned().await;
         let store = self.store.clone();
         blocking(move || {
             let _guard = guard;
-            let (seq, current) = store.current(block);
-            let target = if seq == 0 { 0 } else { current ^ 1 };
-            let seq = seq + 1;
-            SlotHeader { crc, seq, block }.encode(&mut slot[..SLOT_HEADER]);
             store
                 .file
                 .write_all_at(&slot, store.geometry.slot_offset(block, target))
@@ -656,7 +740,7 @@ impl Volume {
         }
         Ok(self
             .xts
-            .decrypt(&tweak(block), ciphertext)
+            .decrypt(&tweak(block, seq), ciphertext)
             .await
             .map_err(crypto_offload::Error::from)?)
     }
@@ -685,6 +769,7 @@ impl Volume {
     pub async fn close(self) -> Result<(), VolumeError> {
         let sync_crc = self.crcs.sync_crc().await?;
         let geometry = self.store.geometry;
+        let generation = self.store.generation;
         let check = self
             .xts
             .encrypt(
@@ -701,6 +786,7 @@ impl Volume {
                 geometry,
                 key_check,
                 clean: true,
+                generation,
             }
             .encode(sum);
             store.file.sync_data().map_err(io_err("sync the volume"))?;
@@ -933,6 +1019,94 @@ mod tests {
             Volume::open(&dir.path().join("junk"), small(), &key, &offload).await,
             Err(VolumeError::NotAVolume { .. })
         ));
+    }
+
+    /// Slot `slot` of `block`'s ciphertext, as the file holds it.
+    fn ciphertext(file: &[u8], block: u64, slot: u8) -> &[u8] {
+        let at = (small().slot_offset(block, slot) as usize) + SLOT_HEADER;
+        &file[at..at + 4096]
+    }
+
+    /// How many of the 16-byte pieces (XTS blocks) of `a` and `b` are equal.
+    fn same_pieces(a: &[u8], b: &[u8]) -> usize {
+        a.chunks(16)
+            .zip(b.chunks(16))
+            .filter(|(x, y)| x == y)
+            .count()
+    }
+
+    #[tokio::test]
+    async fn the_same_data_written_twice_is_stored_as_two_unrelated_ciphertexts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vol");
+        let key = VolumeKey::generate().unwrap();
+        let v = open(&path, &key).await;
+        v.write(5, block(1)).await.unwrap(); // slot 0
+        v.write(5, block(1)).await.unwrap(); // slot 1, the same data
+        v.write(6, block(1)).await.unwrap(); // another block, the same data
+        assert_eq!(v.read(5).await.unwrap(), block(1));
+        v.close().await.unwrap();
+        let file = std::fs::read(&path).unwrap();
+        let (first, second) = (ciphertext(&file, 5, 0), ciphertext(&file, 5, 1));
+        assert!(first.iter().any(|&b| b != 0) && second.iter().any(|&b| b != 0));
+        // With one tweak for both writes they would be equal piece for piece.
+        assert_eq!(same_pieces(first, second), 0);
+        assert_eq!(same_pieces(first, ciphertext(&file, 6, 0)), 0);
+        let v = open(&path, &key).await;
+        assert_eq!(v.read(5).await.unwrap(), block(1));
+    }
+
+    #[tokio::test]
+    async fn a_write_after_a_crash_never_reuses_the_tweak_of_a_torn_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vol");
+        let key = VolumeKey::generate().unwrap();
+        let v = open(&path, &key).await;
+        v.write(7, block(1)).await.unwrap(); // slot 0
+        v.write(7, block(2)).await.unwrap(); // slot 1
+        drop(v); // no close: a crash
+        flip(&path, 7, 1); // the newest version, half-written: discarded
+        let torn = ciphertext(&std::fs::read(&path).unwrap(), 7, 1).to_vec();
+        let v = open(&path, &key).await;
+        assert_eq!(v.opened().torn_discarded, 1);
+        // The same data again, into the same slot: numbered after the
+        // crash, it is not the torn write's ciphertext (that would differ
+        // from it in the one flipped piece only).
+        v.write(7, block(2)).await.unwrap();
+        assert_eq!(v.read(7).await.unwrap(), block(2));
+        v.close().await.unwrap();
+        let file = std::fs::read(&path).unwrap();
+        assert_eq!(same_pieces(&torn, ciphertext(&file, 7, 1)), 0);
+        assert_eq!(open(&path, &key).await.read(7).await.unwrap(), block(2));
+    }
+
+    #[tokio::test]
+    async fn a_version_1_volume_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old");
+        let key = VolumeKey::generate().unwrap();
+        // A version-1 superblock: magic, version 1, geometry, key check,
+        // clean flag, CRC at 32.
+        let mut old = vec![0u8; 9000];
+        old[..8].copy_from_slice(MAGIC);
+        old[8..12].copy_from_slice(&1u32.to_le_bytes());
+        old[12..16].copy_from_slice(&4096u32.to_le_bytes());
+        old[16..24].copy_from_slice(&1u64.to_le_bytes());
+        old[28] = 1;
+        std::fs::write(&path, &old).unwrap();
+        let err = Volume::open(&path, small(), &key, &cpu())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, VolumeError::Version { found: 1, .. }),
+            "{err:?}"
+        );
+        let said = err.to_string();
+        assert!(
+            said.contains("version-1") && said.contains("version 2"),
+            "{said}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), old, "left as it was");
     }
 
     #[tokio::test]

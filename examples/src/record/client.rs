@@ -1,17 +1,20 @@
-//! A record client: HELLO with a fresh key, then a sending half that seals
-//! and a receiving half that opens, which can run on separate tasks.
+//! A record client: a key exchange (HELLO) on a fresh connection, then a
+//! sending half that seals and a receiving half that opens, which can run
+//! on separate tasks. The client sends one HELLO per connection: it does
+//! not rekey (the server would take another HELLO; see
+//! [`protocol`](super::protocol)).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use crypto_offload::{AeadAlg, AeadSession, Offload};
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use zeroize::Zeroizing;
 
+use super::handshake::{ClientHandshake, HandshakeError, Psk, SERVER_HELLO, SessionKeys};
 use super::protocol::{
-    FROM_SERVER, HEADER, Header, KEY, MAX_PAYLOAD, RecordStats, TAG, TO_SERVER, kind, nonce, record,
+    FROM_SERVER, HEADER, Header, MAX_PAYLOAD, RecordStats, TAG, TO_SERVER, kind, open_record,
+    record, seal_record,
 };
 use crate::wire::{read_body, read_header};
 
@@ -31,9 +34,18 @@ pub enum RecordError {
     /// Reading or writing the connection failed, or it closed.
     #[error("the connection failed")]
     Io(#[from] std::io::Error),
-    /// No randomness for the key.
-    #[error("no randomness for the connection key: {0}")]
-    Random(String),
+    /// The key exchange failed (a wrong PSK among others).
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+    /// The server refused with an ALERT (`protocol::alert`), before any
+    /// keys: busy, or a HELLO it could not take.
+    #[error("the server refused: {message}")]
+    Refused {
+        /// The alert code.
+        code: u8,
+        /// What the server said.
+        message: String,
+    },
     /// The AEAD session could not be opened, or sealing failed.
     #[error(transparent)]
     Crypto(#[from] crypto_offload::Error),
@@ -48,6 +60,9 @@ pub enum RecordError {
         /// The last one taken.
         last: u64,
     },
+    /// Every sequence number of this key has been used: connect again.
+    #[error("the connection's sequence numbers are used up: connect again")]
+    SequenceExhausted,
     /// A record this client cannot take.
     #[error("bad record from the server: {0}")]
     BadRecord(String),
@@ -75,39 +90,103 @@ pub enum Received {
     },
 }
 
-/// Connects, sends HELLO with a fresh random key, and opens the
-/// connection's AES-128-GCM session on `offload`.
+/// Connects, runs the key exchange (with `psk` if the server has one), and
+/// opens the connection's two AES-128-GCM sessions on `offload`: the same
+/// as [`handshake`] and then [`open`].
 ///
 /// # Errors
-/// [`RecordError::Connect`], [`RecordError::Random`],
-/// [`RecordError::Crypto`], [`RecordError::Io`].
+/// [`RecordError::Connect`], [`RecordError::Handshake`] (a wrong PSK is
+/// [`HandshakeError::KeyMismatch`]), [`RecordError::Refused`] (a busy
+/// server), [`RecordError::Crypto`], [`RecordError::Io`].
 ///
 /// # Cancel safety
 /// Cancel safe: a dropped connect drops the connection.
 pub async fn connect(
     addr: SocketAddr,
     offload: &Offload,
+    psk: Option<&Psk>,
 ) -> Result<(RecordSender, RecordReceiver), RecordError> {
-    let stream = TcpStream::connect(addr)
+    let mut stream = TcpStream::connect(addr)
         .await
         .map_err(|source| RecordError::Connect { addr, source })?;
     let _ = stream.set_nodelay(true);
-    let mut key = Zeroizing::new([0u8; KEY]);
-    getrandom::fill(&mut key[..]).map_err(|e| RecordError::Random(e.to_string()))?;
-    let session = Arc::new(offload.aead(AeadAlg::Aes128Gcm, &key[..]).await?);
-    let (reader, mut writer) = stream.into_split();
-    // Straight to the socket: through the BufWriter, a copy of the key would
-    // stay in its buffer, unwiped, until overwritten.
-    let hello = Zeroizing::new(record(kind::HELLO, 0, &key[..]));
-    writer.write_all(&hello).await?;
+    let keys = handshake(&mut stream, psk).await?;
+    open(stream, &keys, offload).await
+}
+
+/// The key exchange on a fresh connection: sends HELLO, reads the
+/// server's, and gives the keys once the server's confirmation checks out.
+/// Nothing secret is written: the HELLO carries a public key and a random.
+///
+/// # Errors
+/// [`RecordError::Handshake`], [`RecordError::Refused`],
+/// [`RecordError::BadRecord`], [`RecordError::Io`].
+///
+/// # Cancel safety
+/// Not cancel safe: the connection is out of step; drop it.
+pub async fn handshake(
+    stream: &mut TcpStream,
+    psk: Option<&Psk>,
+) -> Result<SessionKeys, RecordError> {
+    let client = ClientHandshake::new()?;
+    stream
+        .write_all(&record(kind::HELLO, 0, client.hello()))
+        .await?;
+    // Read unbuffered: the bytes after the server's HELLO belong to the
+    // receiving half.
+    let Some(header) = read_header::<_, HEADER>(stream).await? else {
+        return Err(RecordError::BadRecord(
+            "closed before the server's HELLO".into(),
+        ));
+    };
+    let h = Header::decode(&header);
+    let len = h.len as usize;
+    if len > 1024 {
+        return Err(RecordError::BadRecord(format!(
+            "{len}-byte record for HELLO"
+        )));
+    }
+    let body = read_body(stream, len).await?;
+    match h.kind {
+        kind::HELLO if len == SERVER_HELLO => Ok(client.finish(&body, psk)?),
+        kind::ALERT => {
+            let (code, message) = body.split_first().map_or((0, &[][..]), |(c, m)| (*c, m));
+            Err(RecordError::Refused {
+                code,
+                message: String::from_utf8_lossy(message).into_owned(),
+            })
+        }
+        other => Err(RecordError::BadRecord(format!(
+            "record type {other:#04x} of {len} bytes for HELLO"
+        ))),
+    }
+}
+
+/// The sending and receiving halves of a connection whose key exchange
+/// gave `keys`, their sessions opened on `offload`. The keys can be dropped
+/// (and so wiped) once this returns.
+///
+/// # Errors
+/// [`RecordError::Crypto`].
+///
+/// # Cancel safety
+/// Cancel safe: a dropped future drops the connection.
+pub async fn open(
+    stream: TcpStream,
+    keys: &SessionKeys,
+    offload: &Offload,
+) -> Result<(RecordSender, RecordReceiver), RecordError> {
+    let seal = offload.aead(AeadAlg::Aes128Gcm, keys.to_server()).await?;
+    let open = offload.aead(AeadAlg::Aes128Gcm, keys.to_client()).await?;
+    let (reader, writer) = stream.into_split();
     let sender = RecordSender {
         writer: BufWriter::with_capacity(64 * 1024, writer),
-        session: session.clone(),
+        session: seal,
         seq: 0,
     };
     let receiver = RecordReceiver {
         reader: BufReader::with_capacity(64 * 1024, reader),
-        session,
+        session: open,
         last: 0,
     };
     Ok((sender, receiver))
@@ -117,7 +196,7 @@ pub async fn connect(
 #[derive(Debug)]
 pub struct RecordSender {
     writer: BufWriter<OwnedWriteHalf>,
-    session: Arc<AeadSession>,
+    session: AeadSession,
     seq: u64,
 }
 
@@ -126,22 +205,16 @@ impl RecordSender {
     /// (to send with [`send_raw`](Self::send_raw), or to tamper with first).
     ///
     /// # Errors
-    /// [`RecordError::Crypto`].
+    /// [`RecordError::Crypto`], [`RecordError::SequenceExhausted`].
     ///
     /// # Cancel safety
     /// Cancel safe; the sequence number is used up either way.
     pub async fn seal(&mut self, payload: Vec<u8>) -> Result<Vec<u8>, RecordError> {
-        self.seq += 1;
-        let header = Header::data(self.seq, payload.len()).encode();
-        let sealed = self
-            .session
-            .seal(&nonce(TO_SERVER, self.seq), &header, payload)
-            .await
-            .map_err(crypto_offload::Error::from)?;
-        let mut out = Vec::with_capacity(HEADER + sealed.len());
-        out.extend_from_slice(&header);
-        out.extend_from_slice(&sealed);
-        Ok(out)
+        self.seq = self
+            .seq
+            .checked_add(1)
+            .ok_or(RecordError::SequenceExhausted)?;
+        Ok(seal_record(&self.session, TO_SERVER, self.seq, payload).await?)
     }
 
     /// Queues bytes as they are (a record from [`seal`](Self::seal), or any
@@ -201,7 +274,7 @@ impl RecordSender {
 #[derive(Debug)]
 pub struct RecordReceiver {
     reader: BufReader<OwnedReadHalf>,
-    session: Arc<AeadSession>,
+    session: AeadSession,
     last: u64,
 }
 
@@ -235,9 +308,7 @@ impl RecordReceiver {
                         last: self.last,
                     });
                 }
-                let plain = self
-                    .session
-                    .open(&nonce(FROM_SERVER, h.seq), &header, body)
+                let plain = open_record(&self.session, FROM_SERVER, &header, body)
                     .await
                     .map_err(|_| RecordError::Authentication)?;
                 self.last = h.seq;
@@ -251,6 +322,11 @@ impl RecordReceiver {
                     seq: h.seq,
                     message: String::from_utf8_lossy(message).into_owned(),
                 }
+            }
+            kind::HELLO => {
+                return Err(RecordError::BadRecord(
+                    "a HELLO after the key exchange: this client does not rekey".into(),
+                ));
             }
             other => return Err(RecordError::BadRecord(format!("record type {other:#04x}"))),
         }))

@@ -11,6 +11,7 @@ use crypto_offload::Offload;
 use tokio::sync::Semaphore;
 
 use super::client::{self, Received, RecordError};
+use super::handshake::Psk;
 use super::protocol::MAX_PAYLOAD;
 use crate::backends::{Served, served_since};
 use crate::latency::{Latencies, Summary};
@@ -33,6 +34,8 @@ pub struct RecordLoadConfig {
     pub records: Option<u64>,
     /// Seed of the payloads.
     pub seed: u64,
+    /// The server's pre-shared key, if it has one.
+    pub psk: Option<Arc<Psk>>,
 }
 
 impl RecordLoadConfig {
@@ -46,6 +49,7 @@ impl RecordLoadConfig {
             duration: Duration::from_secs(2),
             records: None,
             seed: pattern::random_u64(),
+            psk: None,
         }
     }
 }
@@ -201,7 +205,7 @@ async fn connection(
     seed: u64,
     deadline: Instant,
 ) -> Result<Conn, RecordError> {
-    let (mut tx, mut rx) = client::connect(config.addr, offload).await?;
+    let (mut tx, mut rx) = client::connect(config.addr, offload, config.psk.as_deref()).await?;
     let window = Arc::new(Semaphore::new(config.window.max(1)));
     let sent_at: Arc<Mutex<VecDeque<Instant>>> = Arc::default();
     let size = config.size;

@@ -1,7 +1,9 @@
 //! The record server. Per connection: a reader that checks each record's
-//! framing, a pipeline that opens and re-seals up to `depth` DATA records
-//! at once (so one connection can keep an engine busy) and delivers them in
-//! order, and a writer.
+//! framing and answers each HELLO with a key exchange of its own, a
+//! pipeline that opens and re-seals up to `depth` DATA records at once (so
+//! one connection can keep an engine busy) and delivers them in order, and
+//! a writer. At most [`Limits::max_connections`] connections at once, each
+//! closed once it has sent no whole record for [`Limits::idle_timeout`].
 
 use std::io;
 use std::sync::Arc;
@@ -9,26 +11,56 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crypto_offload::{AeadAlg, AeadSession, Offload};
 use futures::StreamExt;
-use tokio::io::BufReader;
+use tokio::io::{AsyncRead, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
-use zeroize::Zeroizing;
 
+use super::handshake::{self, CLIENT_HELLO, Psk};
 use super::protocol::{
-    FROM_SERVER, HEADER, Header, KEY, MAX_PAYLOAD, RecordStats, TAG, TO_SERVER, alert,
-    alert_record, kind, nonce, record,
+    FROM_SERVER, HEADER, Header, MAX_PAYLOAD, RecordStats, TAG, TO_SERVER, alert, alert_record,
+    kind, open_record, record, seal_record,
 };
 use crate::backends::Offloads;
-use crate::lifecycle::{accept_until, process_cpu_ns, stopped};
+use crate::lifecycle::{Limits, accept_until, process_cpu_ns, refuse_with, stopped};
 use crate::wire::{discard, read_body, read_header, write_frames};
 
 /// DATA records one connection may have in the pipeline by default.
 pub const DEPTH: usize = 32;
 
+/// How a record server treats its connections.
+#[derive(Debug, Clone)]
+pub struct RecordServerConfig {
+    /// DATA records each connection opens and seals at once.
+    pub depth: usize,
+    /// The largest payload taken (at most [`MAX_PAYLOAD`]).
+    pub max_payload: usize,
+    /// A key both sides must hold: mixed into every key exchange, which it
+    /// authenticates. `None`: the exchange resists passive eavesdropping
+    /// only.
+    pub psk: Option<Psk>,
+    /// Connections at once, and the idle timeout.
+    pub limits: Limits,
+}
+
+impl Default for RecordServerConfig {
+    /// [`DEPTH`], [`MAX_PAYLOAD`], no PSK, the default [`Limits`].
+    fn default() -> Self {
+        RecordServerConfig {
+            depth: DEPTH,
+            max_payload: MAX_PAYLOAD,
+            psk: None,
+            limits: Limits::default(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counters {
     connections: AtomicU64,
+    refused: AtomicU64,
+    idle_closed: AtomicU64,
+    handshakes: AtomicU64,
     records: AtomicU64,
     bytes: AtomicU64,
     tampered: AtomicU64,
@@ -48,20 +80,31 @@ pub struct RecordServer {
     counters: Counters,
     depth: usize,
     max_payload: usize,
+    psk: Option<Psk>,
+    limits: Limits,
+}
+
+/// One key exchange's sessions: the client's records open under one key,
+/// the server's are sealed under the other.
+#[derive(Debug)]
+struct Sessions {
+    open: AeadSession,
+    seal: AeadSession,
 }
 
 /// What the reader hands the pipeline.
 enum Job {
     /// A DATA record to open and echo sealed as `reply_seq`.
     Data {
-        session: Arc<AeadSession>,
+        sessions: Arc<Sessions>,
         header: [u8; HEADER],
         seq: u64,
         body: Vec<u8>,
         reply_seq: u64,
     },
-    /// A new key: sequence numbers start over.
-    Rekeyed,
+    /// New keys: the server's HELLO to send, and sequence numbers start
+    /// over (under the new keys).
+    Rekeyed(Vec<u8>),
     /// STATS, answered once every record before it is counted.
     Stats { seq: u64 },
     /// A record to send as it is (an ALERT).
@@ -82,30 +125,39 @@ enum Outcome {
         seq: u64,
         why: String,
     },
-    Rekeyed,
+    Rekeyed(Vec<u8>),
     Stats {
         seq: u64,
     },
     Send(Vec<u8>),
 }
 
+/// What a connection's reader got.
+enum Incoming {
+    /// A record no longer than the server takes.
+    Record { header: [u8; HEADER], body: Vec<u8> },
+    /// A longer one, its body thrown away.
+    Oversize { header: [u8; HEADER] },
+}
+
 impl RecordServer {
-    /// A server whose sessions open on `offloads`, with `depth` DATA
-    /// records in each connection's pipeline and payloads up to
-    /// `max_payload` bytes.
-    pub fn new(offloads: Offloads, depth: usize, max_payload: usize) -> Arc<Self> {
+    /// A server whose sessions open on `offloads`, treating connections as
+    /// `config` says.
+    pub fn new(offloads: Offloads, config: RecordServerConfig) -> Arc<Self> {
         Arc::new(RecordServer {
             offload: offloads.for_alg(AeadAlg::Aes128Gcm).clone(),
             offloads,
             counters: Counters::default(),
-            depth: depth.max(1),
-            max_payload,
+            depth: config.depth.max(1),
+            max_payload: config.max_payload.min(MAX_PAYLOAD),
+            psk: config.psk,
+            limits: config.limits,
         })
     }
 
-    /// A server with the default depth and [`MAX_PAYLOAD`].
+    /// A server with [`RecordServerConfig::default`].
     pub fn with_defaults(offloads: Offloads) -> Arc<Self> {
-        RecordServer::new(offloads, DEPTH, MAX_PAYLOAD)
+        RecordServer::new(offloads, RecordServerConfig::default())
     }
 
     /// The counters STATS returns.
@@ -114,6 +166,9 @@ impl RecordServer {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RecordStats {
             connections: load(&c.connections),
+            refused: load(&c.refused),
+            idle_closed: load(&c.idle_closed),
+            handshakes: load(&c.handshakes),
             records: load(&c.records),
             bytes: load(&c.bytes),
             tampered: load(&c.tampered),
@@ -127,7 +182,8 @@ impl RecordServer {
 
     /// Accepts connections on `listener` until `shutdown` turns true (or
     /// its sender is dropped); then every connection stops reading, echoes
-    /// what it has read, and closes.
+    /// what it has read, and closes. A connection beyond the limit gets an
+    /// ALERT (`BUSY`) and is closed.
     ///
     /// # Errors
     /// Accepting failed.
@@ -139,15 +195,31 @@ impl RecordServer {
         listener: TcpListener,
         shutdown: watch::Receiver<bool>,
     ) -> io::Result<()> {
-        accept_until(listener, shutdown.clone(), |stream| {
-            bump(&self.counters.connections, 1);
-            self.clone().connection(stream, shutdown.clone())
-        })
+        let max = self.limits.max_connections;
+        let busy = alert_record(
+            0,
+            alert::BUSY,
+            &format!("busy: this server takes {max} connections at once"),
+        );
+        accept_until(
+            listener,
+            shutdown.clone(),
+            max,
+            |stream| {
+                bump(&self.counters.refused, 1);
+                refuse_with(stream, &busy);
+            },
+            |stream| {
+                bump(&self.counters.connections, 1);
+                self.clone().connection(stream, shutdown.clone())
+            },
+        )
         .await
     }
 
-    /// Serves one connection until the peer closes it or shutdown; what was
-    /// read before is still echoed.
+    /// Serves one connection until the peer closes it, sends no whole
+    /// record within the idle timeout, or shutdown; what was read before
+    /// is still echoed.
     ///
     /// # Cancel safety
     /// Dropping the future stops reading; the pipeline and the writer run on
@@ -174,36 +246,50 @@ impl RecordServer {
     /// (the caller drops the connection when it cancels this).
     async fn read_records(&self, reader: tokio::net::tcp::OwnedReadHalf, jobs: mpsc::Sender<Job>) {
         let mut reader = BufReader::with_capacity(64 * 1024, reader);
-        let max_body = self.max_payload + TAG;
-        let mut session: Option<Arc<AeadSession>> = None;
+        let max_body = (self.max_payload + TAG).max(CLIENT_HELLO);
+        let mut sessions: Option<Arc<Sessions>> = None;
+        // The sequence number of the last record sealed under `sessions`.
         let mut reply_seq = 0u64;
         loop {
-            let header = match read_header::<_, HEADER>(&mut reader).await {
-                Ok(Some(h)) => h,
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::debug!(error = %e, "connection ended inside a record");
-                    return;
-                }
-            };
+            // The idle clock runs while the server waits for the next whole
+            // record, not while the pipeline is full: a record trickled in a
+            // byte at a time is cut off too.
+            let idle = self.limits.idle_timeout;
+            let (header, body) =
+                match tokio::time::timeout(idle, next_record(&mut reader, max_body)).await {
+                    Err(_) => {
+                        bump(&self.counters.idle_closed, 1);
+                        tracing::debug!(?idle, "no whole record within the idle timeout: closing");
+                        return;
+                    }
+                    Ok(Ok(Some(Incoming::Record { header, body }))) => (header, body),
+                    Ok(Ok(Some(Incoming::Oversize { header }))) => (header, Vec::new()),
+                    Ok(Ok(None)) => return,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "connection ended inside a record");
+                        return;
+                    }
+                };
             let h = Header::decode(&header);
             let len = h.len as usize;
-            let refusal = if len > max_body.max(KEY) {
+            let refusal = if len > max_body {
                 Some((
                     alert::OVERSIZE,
                     format!("{len}-byte record: at most {max_body}"),
                 ))
             } else {
                 match h.kind {
-                    kind::HELLO if len != KEY => Some((
+                    kind::HELLO if len != CLIENT_HELLO => Some((
                         alert::TRUNCATED,
-                        format!("HELLO carries a {KEY}-byte key, not {len} bytes"),
+                        format!(
+                            "HELLO carries {CLIENT_HELLO} bytes (a public key and a random), not {len}"
+                        ),
                     )),
                     kind::DATA if len < TAG => Some((
                         alert::TRUNCATED,
                         format!("{len}-byte DATA record: shorter than its tag"),
                     )),
-                    kind::DATA if session.is_none() => {
+                    kind::DATA if sessions.is_none() => {
                         Some((alert::NO_KEY, "DATA before HELLO".to_owned()))
                     }
                     kind::HELLO | kind::DATA | kind::STATS => None,
@@ -213,49 +299,40 @@ impl RecordServer {
                     )),
                 }
             };
-            if let Some((code, why)) = refusal {
+            let job = if let Some((code, why)) = refusal {
                 bump(&self.counters.bad_frames, 1);
                 tracing::debug!(seq = h.seq, %why, "refused");
-                if discard(&mut reader, u64::from(h.len)).await.is_err()
-                    || jobs
-                        .send(Job::Send(alert_record(h.seq, code, &why)))
-                        .await
-                        .is_err()
-                {
-                    return;
-                }
-                continue;
-            }
-            let Ok(mut body) = read_body(&mut reader, len).await else {
-                return;
-            };
-            let job = match h.kind {
-                kind::HELLO => {
-                    let key = Zeroizing::new(std::mem::take(&mut body));
-                    match self.offload.aead(AeadAlg::Aes128Gcm, &key).await {
-                        Ok(s) => {
-                            session = Some(Arc::new(s));
+                Job::Send(alert_record(h.seq, code, &why))
+            } else {
+                match h.kind {
+                    kind::HELLO => match self.hello(&body).await {
+                        Ok((hello, new)) => {
+                            bump(&self.counters.handshakes, 1);
+                            sessions = Some(Arc::new(new));
                             reply_seq = 0;
-                            Job::Rekeyed
+                            Job::Rekeyed(hello)
                         }
-                        Err(e) => {
+                        Err((code, why)) => {
                             bump(&self.counters.bad_frames, 1);
-                            Job::Send(alert_record(h.seq, alert::FAILED, &e.to_string()))
+                            tracing::debug!(seq = h.seq, %why, "HELLO refused");
+                            Job::Send(alert_record(h.seq, code, &why))
                         }
-                    }
-                }
-                kind::STATS => Job::Stats { seq: h.seq },
-                _ => {
-                    let Some(session) = session.clone() else {
-                        return;
-                    };
-                    reply_seq += 1;
-                    Job::Data {
-                        session,
-                        header,
-                        seq: h.seq,
-                        body,
-                        reply_seq,
+                    },
+                    kind::STATS => Job::Stats { seq: h.seq },
+                    _ => {
+                        let Some(sessions) = sessions.clone() else {
+                            return;
+                        };
+                        // Numbered as read, whether it opens or not: a
+                        // sequence number is never handed out twice.
+                        reply_seq += 1;
+                        Job::Data {
+                            sessions,
+                            header,
+                            seq: h.seq,
+                            body,
+                            reply_seq,
+                        }
                     }
                 }
             };
@@ -263,6 +340,30 @@ impl RecordServer {
                 return;
             }
         }
+    }
+
+    /// Answers a client's HELLO body: the server's HELLO record and the
+    /// sessions of the new keys, or the alert code and why not.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the keys are dropped (and wiped) with it.
+    async fn hello(&self, body: &[u8]) -> Result<(Vec<u8>, Sessions), (u8, String)> {
+        let (reply, keys) = handshake::respond(body, self.psk.as_ref())
+            .map_err(|e| (alert::HANDSHAKE, e.to_string()))?;
+        let failed = |e: crypto_offload::Error| (alert::FAILED, e.to_string());
+        let sessions = Sessions {
+            open: self
+                .offload
+                .aead(AeadAlg::Aes128Gcm, keys.to_server())
+                .await
+                .map_err(failed)?,
+            seal: self
+                .offload
+                .aead(AeadAlg::Aes128Gcm, keys.to_client())
+                .await
+                .map_err(failed)?,
+        };
+        Ok((record(kind::HELLO, 0, &reply), sessions))
     }
 
     /// Opens and re-seals up to `depth` records at once, and delivers the
@@ -304,9 +405,9 @@ impl RecordServer {
                     tracing::warn!(seq, %why, "record failed");
                     alert_record(seq, alert::FAILED, &why)
                 }
-                Outcome::Rekeyed => {
+                Outcome::Rekeyed(hello) => {
                     last = None;
-                    continue;
+                    hello
                 }
                 Outcome::Stats { seq } => {
                     let json = serde_json::to_vec(&self.stats()).unwrap_or_default();
@@ -326,25 +427,23 @@ impl RecordServer {
 /// # Cancel safety
 /// Cancel safe: the record is lost, nothing else.
 async fn process(job: Job) -> Outcome {
-    let (session, header, seq, body, reply_seq) = match job {
+    let (sessions, header, seq, body, reply_seq) = match job {
         Job::Data {
-            session,
+            sessions,
             header,
             seq,
             body,
             reply_seq,
-        } => (session, header, seq, body, reply_seq),
-        Job::Rekeyed => return Outcome::Rekeyed,
+        } => (sessions, header, seq, body, reply_seq),
+        Job::Rekeyed(hello) => return Outcome::Rekeyed(hello),
         Job::Stats { seq } => return Outcome::Stats { seq },
         Job::Send(frame) => return Outcome::Send(frame),
     };
     let span = tracing::debug_span!("record", seq, len = body.len());
     async move {
-        let plain = match session.open(&nonce(TO_SERVER, seq), &header, body).await {
+        let plain = match open_record(&sessions.open, TO_SERVER, &header, body).await {
             Ok(p) => p,
-            Err(e) if matches!(e.error(), crypto_offload::Error::Authentication) => {
-                return Outcome::Tampered { seq };
-            }
+            Err(crypto_offload::Error::Authentication) => return Outcome::Tampered { seq },
             Err(e) => {
                 return Outcome::Failed {
                     seq,
@@ -353,17 +452,8 @@ async fn process(job: Job) -> Outcome {
             }
         };
         let len = plain.len();
-        let reply = Header::data(reply_seq, len).encode();
-        match session
-            .seal(&nonce(FROM_SERVER, reply_seq), &reply, plain)
-            .await
-        {
-            Ok(sealed) => {
-                let mut record = Vec::with_capacity(HEADER + sealed.len());
-                record.extend_from_slice(&reply);
-                record.extend_from_slice(&sealed);
-                Outcome::Echo { seq, len, record }
-            }
+        match seal_record(&sessions.seal, FROM_SERVER, reply_seq, plain).await {
+            Ok(record) => Outcome::Echo { seq, len, record },
             Err(e) => Outcome::Failed {
                 seq,
                 why: e.to_string(),
@@ -372,4 +462,30 @@ async fn process(job: Job) -> Outcome {
     }
     .instrument(span)
     .await
+}
+
+/// Reads the next record: its header and body, or, for a record longer
+/// than `max_body`, its header once the body has been thrown away. `None`
+/// at a clean end.
+///
+/// # Errors
+/// The stream ended inside a record; any read error.
+///
+/// # Cancel safety
+/// Not cancel safe: a record partly read is lost, and the stream is out of
+/// step; the caller drops the connection.
+async fn next_record<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_body: usize,
+) -> io::Result<Option<Incoming>> {
+    let Some(header) = read_header::<_, HEADER>(reader).await? else {
+        return Ok(None);
+    };
+    let len = Header::decode(&header).len;
+    if len as usize > max_body {
+        discard(reader, u64::from(len)).await?;
+        return Ok(Some(Incoming::Oversize { header }));
+    }
+    let body = read_body(reader, len as usize).await?;
+    Ok(Some(Incoming::Record { header, body }))
 }

@@ -23,9 +23,16 @@ impl Server {
     /// Starts `bin` with `args` (plus `--listen 127.0.0.1:0`) and waits for
     /// its `listening on ADDR` line.
     pub fn start(bin: &str, args: &[&str]) -> Server {
+        let mut all = args.to_vec();
+        all.extend(["--listen", "127.0.0.1:0"]);
+        Server::start_exactly(bin, &all)
+    }
+
+    /// Starts `bin` with `args` as they are and waits for its `listening on
+    /// ADDR` line.
+    pub fn start_exactly(bin: &str, args: &[&str]) -> Server {
         let mut child = Command::new(bin)
             .args(args)
-            .args(["--listen", "127.0.0.1:0"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -141,4 +148,78 @@ pub fn run_load(bin: &str, args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Runs a server binary that must refuse to start: its exit status and
+/// stderr (it is killed, and the test fails, if it is still running after
+/// 30 s).
+pub fn refused(bin: &str, args: &[&str]) -> (ExitStatus, String) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("{bin} {args:?} did not refuse to start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status, stderr)
+}
+
+/// Checks that `bin` (with `args`) refuses every non-loopback `--listen`
+/// address, saying why and naming `--insecure-listen`, and that with
+/// `--insecure-listen` it starts and warns what it exposes (`exposes`
+/// names it); the address it is given there is loopback all the same, so
+/// that nothing is opened beyond this machine.
+pub fn listens_on_loopback_only(bin: &str, args: &[&str], exposes: &str) {
+    for addr in [
+        "0.0.0.0:0",
+        "[::]:0",
+        "192.0.2.1:7700",
+        "[::ffff:10.0.0.1]:7700",
+    ] {
+        let mut all = args.to_vec();
+        all.extend(["--listen", addr]);
+        let (status, stderr) = refused(bin, &all);
+        assert!(!status.success(), "{addr}: {stderr}");
+        assert!(
+            stderr.contains("is not a loopback address") && stderr.contains("--insecure-listen"),
+            "{addr}: {stderr}"
+        );
+    }
+    for addr in ["127.0.0.1:0", "127.3.4.5:0"] {
+        let mut all = args.to_vec();
+        all.extend(["--listen", addr]);
+        let server = Server::start_exactly(bin, &all);
+        assert!(server.addr.ip().is_loopback());
+        std::net::TcpStream::connect(server.addr).unwrap();
+        let (status, stderr) = server.terminate();
+        assert!(status.success(), "{stderr}");
+        assert!(!stderr.contains("--insecure-listen"), "{stderr}");
+    }
+    let mut all = args.to_vec();
+    all.extend(["--insecure-listen", "127.0.0.1:0"]);
+    let server = Server::start_exactly(bin, &all);
+    let said = server.stderr_with(exposes, Duration::from_secs(10));
+    assert!(
+        said.contains("WARN") && said.contains("--insecure-listen") && said.contains(exposes),
+        "{said}"
+    );
+    drop(server);
 }
