@@ -748,3 +748,68 @@ fn a_refused_splice_falls_back_to_copying() {
         .unwrap();
     }
 }
+
+/// The targets of a process's descriptors, from `/proc/<pid>/fd`.
+fn fd_targets(dir: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|p| p.display().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A program the server execs inherits none of the AF_ALG sockets — the
+/// transform's (which holds the key) nor the operation sockets accepted
+/// from it (which compute with it). Checked by exec'ing a child that lists
+/// its own descriptors.
+#[test]
+fn a_child_process_inherits_no_af_alg_socket() {
+    if !af_alg() {
+        return;
+    }
+    let s = Skcipher::bind(Mode::Cbc, None, &[6; 16]).unwrap();
+    // Two requests at once: operation sockets accepted, then kept idle.
+    let rt = rt();
+    rt.block_on(async {
+        let both = futures::future::join_all([
+            s.encrypt(&[0; 16], vec![1; 64]),
+            s.encrypt(&[1; 16], vec![2; 64]),
+        ])
+        .await;
+        for r in both {
+            r.unwrap();
+        }
+    });
+    let ours = fd_targets("/proc/self/fd");
+    let sockets = ours.iter().filter(|t| t.starts_with("socket:")).count();
+    assert!(
+        sockets >= 2,
+        "this process holds no AF_ALG sockets: {ours:?}"
+    );
+    // The guest has busybox; a host, coreutils.
+    let (program, args): (&str, &[&str]) = if std::path::Path::new("/bin/busybox").exists() {
+        ("/bin/busybox", &["ls", "-l", "/proc/self/fd"])
+    } else {
+        ("ls", &["-l", "/proc/self/fd"])
+    };
+    let out = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .expect("ls");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let inherited: Vec<&str> = listing
+        .lines()
+        .filter_map(|l| l.split_once(" -> ").map(|(_, t)| t))
+        .collect();
+    assert!(!inherited.is_empty(), "no listing: {listing}");
+    assert!(
+        !inherited.iter().any(|t| t.starts_with("socket:")),
+        "a child inherited a socket: {inherited:?} (this process: {sockets} sockets)"
+    );
+    drop(s);
+}
