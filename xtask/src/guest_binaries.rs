@@ -1,10 +1,15 @@
 //! The programs that run in the guest, built by cargo on the host.
 //!
-//! Test binaries come from `cargo test --no-run --message-format=json -p P`:
+//! Test binaries come from `cargo test --no-run --message-format=json`:
 //! every `compiler-artifact` whose profile is a test profile and which has an
-//! executable. Extra binaries (by default the release `offload`) come from
-//! `cargo build --release`. The workspace's layout comes from
-//! `cargo metadata --no-deps`.
+//! executable. By default from one build of the whole workspace — the build
+//! the README's `cargo test --workspace` makes, with the same features, so
+//! that after it (as in CI) nothing is compiled again — and for a spec that
+//! build cannot serve (features it lacks, a `--package` given), from
+//! `cargo test --no-run -p P`. Extra binaries (by default the release
+//! `offload`) come from one `cargo build --release` of all of them (one set
+//! of features, one build of what they share). The workspace's layout comes
+//! from `cargo metadata --no-deps`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -60,6 +65,8 @@ pub struct Workspace {
 pub struct Package {
     /// The package name.
     pub name: String,
+    /// Its Cargo.toml.
+    pub manifest_path: PathBuf,
     /// Its targets (lib, bins, tests, ...).
     pub targets: Vec<Target>,
 }
@@ -99,6 +106,14 @@ impl Workspace {
     /// The package called `name`, if the workspace has it.
     pub fn package(&self, name: &str) -> Option<&Package> {
         self.packages.iter().find(|p| p.name == name)
+    }
+
+    /// The name of the workspace package whose Cargo.toml is `manifest`.
+    fn package_at(&self, manifest: &Path) -> Option<&str> {
+        self.packages
+            .iter()
+            .find(|p| p.manifest_path == manifest)
+            .map(|p| p.name.as_str())
     }
 
     /// The packages whose tests run when none is given: the AF_ALG backend
@@ -179,8 +194,10 @@ pub struct GuestBinary {
 /// One executable cargo reported building.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Artifact {
-    /// The package it belongs to.
+    /// The package it belongs to (empty if not a workspace package).
     pub package: String,
+    /// The package's features it was built with.
+    pub features: Vec<String>,
     /// Its target name.
     pub target: String,
     /// Its target kind (`lib`, `bin`, `test`, ...).
@@ -195,8 +212,10 @@ pub struct Artifact {
 #[derive(Deserialize)]
 struct Message {
     reason: String,
+    manifest_path: Option<PathBuf>,
     target: Option<Target>,
     profile: Option<Profile>,
+    features: Option<Vec<String>>,
     executable: Option<PathBuf>,
     message: Option<Diagnostic>,
 }
@@ -211,10 +230,11 @@ struct Diagnostic {
     rendered: Option<String>,
 }
 
-/// The executables among cargo's JSON messages. Compiler diagnostics are
-/// passed to `diagnostics` as cargo would have printed them.
+/// The executables among cargo's JSON messages, each with the name
+/// `package_of` gives its manifest. Compiler diagnostics are passed to
+/// `diagnostics` as cargo would have printed them.
 pub fn parse_artifacts(
-    package: &str,
+    package_of: impl Fn(&Path) -> Option<String>,
     json_lines: &str,
     mut diagnostics: impl FnMut(&str),
 ) -> Vec<Artifact> {
@@ -235,8 +255,14 @@ pub fn parse_artifacts(
                 else {
                     continue;
                 };
+                let package = message
+                    .manifest_path
+                    .as_deref()
+                    .and_then(&package_of)
+                    .unwrap_or_default();
                 artifacts.push(Artifact {
-                    package: package.to_owned(),
+                    package,
+                    features: message.features.unwrap_or_default(),
                     kind: target.kind.first().cloned().unwrap_or_default(),
                     target: target.name,
                     executable,
@@ -283,14 +309,14 @@ pub fn cargo() -> PathBuf {
     env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from)
 }
 
-/// Runs cargo with JSON messages in `root` and returns the artifacts it
-/// built, showing compiler diagnostics as they come.
-fn cargo_json(cargo: &Path, root: &Path, package: &str, args: &[&str]) -> Result<Vec<Artifact>> {
+/// Runs cargo with `args` and JSON messages in the workspace and returns
+/// the artifacts it built, showing compiler diagnostics as they come.
+fn cargo_json(cargo: &Path, workspace: &Workspace, args: &[&str]) -> Result<Vec<Artifact>> {
     let mut command = Command::new(cargo);
     command
-        .current_dir(root)
+        .current_dir(&workspace.workspace_root)
         .args(args)
-        .args(["--message-format=json", "-p", package])
+        .arg("--message-format=json")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     let shown: Vec<OsString> = command.get_args().map(ToOwned::to_owned).collect();
@@ -300,15 +326,16 @@ fn cargo_json(cargo: &Path, root: &Path, package: &str, args: &[&str]) -> Result
     );
     let mut child = command.spawn().context("running cargo")?;
     let mut artifacts = Vec::new();
+    let package_of = |manifest: &Path| workspace.package_at(manifest).map(str::to_owned);
     for line in BufReader::new(child.stdout.take().context("cargo's stdout")?).lines() {
         let line = line.context("reading cargo's output")?;
-        artifacts.extend(parse_artifacts(package, &line, |rendered| {
+        artifacts.extend(parse_artifacts(package_of, &line, |rendered| {
             eprint!("{rendered}");
         }));
     }
     let status = child.wait().context("waiting for cargo")?;
     if !status.success() {
-        bail!("cargo {} -p {package} failed ({status})", args.join(" "));
+        bail!("cargo {} failed ({status})", args.join(" "));
     }
     Ok(artifacts)
 }
@@ -323,14 +350,41 @@ pub struct TestBinary {
     pub specs: BTreeSet<usize>,
 }
 
-/// Builds the test binaries of `packages` (each as `cargo test -p P` would).
+/// The test artifacts among `built` that serve `spec`
+/// (`PACKAGE[+FEATURE…][/TEST]`): the package's test binaries (or only its
+/// integration test `TEST`), if all were built with the spec's features.
+pub fn pick_tests(built: &[Artifact], spec: &str) -> Option<Vec<Artifact>> {
+    let (package, features, test) = parse_test_spec(spec);
+    let picked: Vec<Artifact> = built
+        .iter()
+        .filter(|a| a.test && a.package == package)
+        .filter(|a| test.is_none_or(|t| a.kind == "test" && a.target == t))
+        .cloned()
+        .collect();
+    let served = !picked.is_empty()
+        && picked
+            .iter()
+            .all(|a| features.iter().all(|f| a.features.iter().any(|g| g == f)));
+    served.then_some(picked)
+}
+
+/// Builds the test binaries of `packages` (each as `cargo test -p P` would):
+/// with `workspace_build`, from one `cargo test --no-run --workspace`
+/// (the README's test build, reused as it is), building on its own only a
+/// spec that build does not serve ([`pick_tests`]).
 pub fn build_tests(
     cargo: &Path,
     workspace: &Workspace,
     packages: &[String],
+    workspace_build: bool,
 ) -> Result<Vec<TestBinary>> {
     let mut artifacts = Vec::new();
     let mut specs_of: BTreeMap<PathBuf, BTreeSet<usize>> = BTreeMap::new();
+    let all = if workspace_build {
+        cargo_json(cargo, workspace, &["test", "--no-run", "--workspace"])?
+    } else {
+        Vec::new()
+    };
     for (index, spec) in packages.iter().enumerate() {
         let (package, features, test) = parse_test_spec(spec);
         if workspace.package(package).is_none() {
@@ -339,15 +393,20 @@ pub fn build_tests(
                 workspace.workspace_root.display()
             );
         }
-        let mut args = vec!["test", "--no-run"];
-        let features = features.join(",");
-        if !features.is_empty() {
-            args.extend(["--features", &features]);
-        }
-        if let Some(test) = test {
-            args.extend(["--test", test]);
-        }
-        let built = cargo_json(cargo, &workspace.workspace_root, package, &args)?;
+        let built = match pick_tests(&all, spec) {
+            Some(picked) => picked,
+            None => {
+                let mut args = vec!["test", "--no-run", "-p", package];
+                let features = features.join(",");
+                if !features.is_empty() {
+                    args.extend(["--features", &features]);
+                }
+                if let Some(test) = test {
+                    args.extend(["--test", test]);
+                }
+                cargo_json(cargo, workspace, &args)?
+            }
+        };
         for artifact in built.into_iter().filter(|a| a.test) {
             specs_of
                 .entry(artifact.executable.clone())
@@ -381,36 +440,53 @@ pub fn parse_test_spec(spec: &str) -> (&str, Vec<&str>, Option<&str>) {
     (package, parts.filter(|f| !f.is_empty()).collect(), test)
 }
 
-/// Builds one release binary for the guest's /bin.
-pub fn build_release_bin(
+/// Builds the release binaries for the guest's /bin, all in one cargo
+/// invocation (one set of features for what they share, built once).
+pub fn build_release_bins(
     cargo: &Path,
     workspace: &Workspace,
-    spec: &BinSpec,
-) -> Result<GuestBinary> {
-    let package = workspace
-        .package(&spec.package)
-        .with_context(|| format!("package {} is not in the workspace", spec.package))?;
-    if !package
-        .targets
-        .iter()
-        .any(|t| t.name == spec.bin && t.kind.iter().any(|k| k == "bin"))
-    {
-        bail!("package {} has no binary called {}", spec.package, spec.bin);
+    specs: &[BinSpec],
+) -> Result<Vec<GuestBinary>> {
+    if specs.is_empty() {
+        return Ok(Vec::new());
     }
-    let built = cargo_json(
-        cargo,
-        &workspace.workspace_root,
-        &spec.package,
-        &["build", "--release", "--bin", &spec.bin],
-    )?;
-    let artifact = built
-        .into_iter()
-        .find(|a| !a.test && a.kind == "bin" && a.target == spec.bin)
-        .with_context(|| format!("cargo reported no executable for {spec}"))?;
-    Ok(GuestBinary {
-        name: spec.bin.clone(),
-        host_path: artifact.executable,
-    })
+    let mut args = vec!["build", "--release"];
+    let mut packages = BTreeSet::new();
+    for spec in specs {
+        let package = workspace
+            .package(&spec.package)
+            .with_context(|| format!("package {} is not in the workspace", spec.package))?;
+        if !package
+            .targets
+            .iter()
+            .any(|t| t.name == spec.bin && t.kind.iter().any(|k| k == "bin"))
+        {
+            bail!("package {} has no binary called {}", spec.package, spec.bin);
+        }
+        packages.insert(spec.package.as_str());
+    }
+    for package in &packages {
+        args.extend(["-p", package]);
+    }
+    for spec in specs {
+        args.extend(["--bin", &spec.bin]);
+    }
+    let built = cargo_json(cargo, workspace, &args)?;
+    specs
+        .iter()
+        .map(|spec| {
+            let artifact = built
+                .iter()
+                .find(|a| {
+                    !a.test && a.kind == "bin" && a.target == spec.bin && a.package == spec.package
+                })
+                .with_context(|| format!("cargo reported no executable for {spec}"))?;
+            Ok(GuestBinary {
+                name: spec.bin.clone(),
+                host_path: artifact.executable.clone(),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -428,6 +504,7 @@ mod tests {
     fn artifact(package: &str, kind: &str, target: &str, path: &str) -> Artifact {
         Artifact {
             package: package.into(),
+            features: Vec::new(),
             target: target.into(),
             kind: kind.into(),
             executable: path.into(),
@@ -438,7 +515,11 @@ mod tests {
     #[test]
     fn executables_and_diagnostics_are_picked_from_cargo_messages() {
         let mut diagnostics = Vec::new();
-        let artifacts = parse_artifacts("p", MESSAGES, |d| diagnostics.push(d.to_owned()));
+        let artifacts = parse_artifacts(
+            |_| Some("p".to_owned()),
+            MESSAGES,
+            |d| diagnostics.push(d.to_owned()),
+        );
         let tests: Vec<_> = artifacts
             .iter()
             .filter(|a| a.test)
@@ -483,6 +564,46 @@ mod tests {
         );
     }
 
+    /// A workspace build serves a spec only with the spec's features: the
+    /// package's test binaries, or the one test named.
+    #[test]
+    fn a_workspace_build_serves_the_specs_it_has_the_features_for() {
+        let with = |package: &str, kind: &str, target: &str, features: &[&str]| Artifact {
+            features: features.iter().map(|f| (*f).to_owned()).collect(),
+            ..artifact(package, kind, target, &format!("/t/{package}-{target}"))
+        };
+        let built = vec![
+            with(
+                "crypto-offload",
+                "lib",
+                "crypto_offload",
+                &["af-alg", "vfio"],
+            ),
+            with("crypto-offload", "test", "vfio", &["af-alg", "vfio"]),
+            with("crypto-offload", "test", "af_alg", &["af-alg", "vfio"]),
+            with("crypto-offload-vfio", "lib", "crypto_offload_vfio", &[]),
+            with("crypto-offload-vfio", "test", "guest", &[]),
+        ];
+        let targets = |spec: &str| -> Option<Vec<String>> {
+            pick_tests(&built, spec).map(|p| p.into_iter().map(|a| a.target).collect())
+        };
+        assert_eq!(
+            targets("crypto-offload+vfio+af-alg/vfio"),
+            Some(vec!["vfio".to_owned()])
+        );
+        assert_eq!(
+            targets("crypto-offload-vfio"),
+            Some(vec!["crypto_offload_vfio".to_owned(), "guest".to_owned()])
+        );
+        assert_eq!(
+            targets("crypto-offload+sim-only/vfio"),
+            None,
+            "a feature it lacks"
+        );
+        assert_eq!(targets("crypto-offload/nonexistent"), None);
+        assert_eq!(targets("crypto-offload-fallback"), None, "not built");
+    }
+
     #[test]
     fn bin_specs_parse() {
         assert_eq!(
@@ -501,6 +622,7 @@ mod tests {
     fn the_af_alg_backend_is_the_default_when_present() {
         let package = |name: &str| Package {
             name: name.into(),
+            manifest_path: format!("/r/{name}/Cargo.toml").into(),
             targets: Vec::new(),
         };
         let mut workspace = Workspace {
