@@ -789,6 +789,8 @@ fn overload_through_offload_pinned_and_behind_the_selector() {
         subjects.push(("auto (throughput)".into(), throughput));
         for (name, offload) in subjects {
             let pinned = name.ends_with("(pinned)");
+            let waits = || -> u64 { devices.iter().map(|d| d.device().queue_full_count()).sum() };
+            let waits_before = waits();
             let session = Arc::new(
                 offload
                     .cipher(CipherAlg::Aes128Cbc, &cbc_key)
@@ -872,11 +874,13 @@ fn overload_through_offload_pinned_and_behind_the_selector() {
             let _ = writeln!(
                 std::io::stderr().lock(),
                 "{name}: {n} CBC requests at once (4x queue depth {depth}) right in {:.0} ms; \
-                 3 x 8 MiB XTS in 4 KiB units right in {:.0} ms; {}; {} replayed on the CPU",
+                 3 x 8 MiB XTS in 4 KiB units right in {:.0} ms; {}; {} replayed on the CPU; \
+                 {} times a device ring was full",
                 small_took.as_secs_f64() * 1e3,
                 large_took.as_secs_f64() * 1e3,
                 mix.join(", "),
-                stats[0].stats.replayed
+                stats[0].stats.replayed,
+                waits() - waits_before
             );
             if pinned {
                 let device = stats.iter().find(|b| name.starts_with(&b.name)).unwrap();

@@ -214,6 +214,15 @@ impl CryptoDevice {
         self.inner.limits
     }
 
+    /// Times a submission of data requests found the queue full
+    /// (back-pressure: more requests were sent than the device holds). It
+    /// staged what fit and waited for room for the rest — unless the
+    /// device had made room meanwhile (QEMU's completes requests within the
+    /// doorbell's write).
+    pub fn queue_full_count(&self) -> u64 {
+        self.inner.data.full.load(Ordering::Relaxed)
+    }
+
     /// Entries in its data queue.
     pub fn queue_size(&self) -> usize {
         usize::from(self.inner.data.lock().ring.size())

@@ -2,7 +2,7 @@
 //! holds (by head descriptor), where each completion goes, and the bursts
 //! that wait for theirs.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, oneshot};
@@ -213,6 +213,9 @@ pub(crate) struct Queue {
     pub(crate) room: Notify,
     /// Submitters that may be waiting on `room`.
     pub(crate) room_waiters: AtomicUsize,
+    /// Times a submission found the ring full: it staged what fit, and the
+    /// rest waited for room (unless the device had made room meanwhile).
+    pub(crate) full: AtomicU64,
 }
 
 pub(crate) struct QueueState {
@@ -236,6 +239,7 @@ impl Queue {
             }),
             room: Notify::new(),
             room_waiters: AtomicUsize::new(0),
+            full: AtomicU64::new(0),
         }
     }
 
@@ -443,6 +447,7 @@ impl Queue {
             if let Some(free) = full {
                 // Queue full: completions free descriptors. Look at the
                 // ring first (interrupts may be off for pollers), then wait.
+                self.full.fetch_add(1, Ordering::Relaxed);
                 self.drain(host);
                 if self.lock().ring.free_descriptors() <= free {
                     room.await;
@@ -487,8 +492,6 @@ impl Drop for RoomWaiter<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicU64;
-
     use super::*;
     use crate::device_ring::DeviceRing;
     use crate::dma::DmaPool;
