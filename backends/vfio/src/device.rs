@@ -33,6 +33,13 @@ use crate::virtqueue::{Segment, SplitQueue};
 /// the device is idle or slow, and sleeping burns no core.
 pub const POLL_FOR: std::time::Duration = std::time::Duration::from_micros(100);
 
+/// How long a control request — a session's creation or destruction — may
+/// take before it fails with [`Error::Timeout`] (the default;
+/// [`CryptoDevice::set_control_timeout`]): a device whose control queue
+/// hangs must not hang the caller opening a session, nor keep a dropped
+/// session's destruction waiting forever.
+pub const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(crate) struct Inner {
     pub(crate) address: String,
     /// The hardware (VFIO, or an emulated device in tests). Released (the
@@ -83,6 +90,9 @@ pub(crate) struct Inner {
     /// How long a waiting caller polls without progress, in nanoseconds
     /// (0: never; interrupts only).
     poll_for: std::sync::atomic::AtomicU64,
+    /// How long a control request (a session's creation or destruction)
+    /// may take, in nanoseconds.
+    control_timeout: std::sync::atomic::AtomicU64,
 }
 
 /// A virtio-crypto PCI device (QEMU's `virtio-crypto-pci`, 1af4:1054) bound
@@ -176,6 +186,7 @@ impl CryptoDevice {
             watcher: Mutex::new(None),
             interrupts: std::sync::atomic::AtomicU64::new(0),
             poll_for: std::sync::atomic::AtomicU64::new(POLL_FOR.as_nanos() as u64),
+            control_timeout: std::sync::atomic::AtomicU64::new(CONTROL_TIMEOUT.as_nanos() as u64),
         });
         let fd = readable(up.irq)?;
         let task = tokio::spawn(reap(Arc::downgrade(&inner), fd));
@@ -296,6 +307,15 @@ impl CryptoDevice {
         self.inner.poll_for.store(nanos, Ordering::Relaxed);
     }
 
+    /// Sets how long a control request (a session's creation or
+    /// destruction) may take before it fails with [`Error::Timeout`]
+    /// ([`CONTROL_TIMEOUT`] by default). Its memory stays with the driver
+    /// until the device completes it or is reset.
+    pub fn set_control_timeout(&self, timeout: std::time::Duration) {
+        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        self.inner.control_timeout.store(nanos, Ordering::Relaxed);
+    }
+
     /// The bytes of its DMA pool (4 MiB behind an IOMMU, one 2 MiB huge
     /// page otherwise), from which its rings and every request in flight
     /// are carved: what a caller holding many prepared requests at once
@@ -390,6 +410,10 @@ impl CryptoDevice {
     /// there is a SIGBUS): doorbells are rung under the hardware's read
     /// lock, which the entry takes for writing.
     ///
+    /// A no-op on a device already suspended. Suspend and resume from any
+    /// thread are serialised: the check, the marking and the entry into
+    /// D3hot happen under one lock a resume also takes.
+    ///
     /// # Errors
     /// [`Error::Invalid`] while sessions live (their device sessions would
     /// be lost); [`Error::Device`] if requests stay in flight for a second;
@@ -403,15 +427,20 @@ impl CryptoDevice {
         let inner = &self.inner;
         let start = std::time::Instant::now();
         loop {
-            match inner.mark_suspended()? {
-                true => break,
-                false if start.elapsed() > std::time::Duration::from_secs(1) => {
-                    return Err(Error::Device("requests still in flight after 1 s".into()));
+            {
+                let _power = inner.power.lock().unwrap_or_else(|p| p.into_inner());
+                if inner.low_power.load(Ordering::Acquire) {
+                    return Ok(());
                 }
-                false => tokio::time::sleep(std::time::Duration::from_millis(1)).await,
+                if inner.mark_suspended()? {
+                    return inner.enter_low_power_locked();
+                }
             }
+            if start.elapsed() > std::time::Duration::from_secs(1) {
+                return Err(Error::Device("requests still in flight after 1 s".into()));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
-        inner.enter_low_power()
     }
 
     /// Brings the device back from [`CryptoDevice::suspend`] (LOW_POWER_EXIT)
@@ -855,13 +884,13 @@ impl Inner {
         Ok(true)
     }
 
-    /// The device marked suspended ([`Inner::mark_suspended`]): resets its
+    /// The device marked suspended ([`Inner::mark_suspended`], with the
+    /// power lock held since, so that no resume came between): resets its
     /// transport and enters D3hot — holding the hardware's write lock, so
     /// that a doorbell already on its way (under the read lock) is rung
     /// before and none after. If that fails the device is set up again
     /// and taken out of the suspended state.
-    fn enter_low_power(&self) -> Result<(), Error> {
-        let _power = self.power.lock().unwrap_or_else(|p| p.into_inner());
+    fn enter_low_power_locked(&self) -> Result<(), Error> {
         let entered = {
             let guard = self.hw.write().unwrap_or_else(|p| p.into_inner());
             match guard.as_ref() {
@@ -945,15 +974,22 @@ impl Inner {
     }
 
     /// Submits `chain` (whose memory is all in `buf`) and waits for it on
-    /// the interrupt (control requests are rare; no polling).
+    /// the interrupt (control requests are rare; no polling), within the
+    /// control timeout.
     async fn submit(
         &self,
         q: &Queue,
         buf: DmaBuf,
         chain: &[Segment],
     ) -> Result<(DmaBuf, u32), Error> {
-        let rx = q.enqueue_one(self, buf, Chain::new(chain)?, None).await?;
-        rx.await.map_err(|_| self.failure())
+        let limit = std::time::Duration::from_nanos(self.control_timeout.load(Ordering::Relaxed));
+        let request = async {
+            let rx = q.enqueue_one(self, buf, Chain::new(chain)?, None).await?;
+            rx.await.map_err(|_| self.failure())
+        };
+        tokio::time::timeout(limit, request)
+            .await
+            .unwrap_or(Err(Error::Timeout(limit)))
     }
 
     /// Submits a data request (its memory all in `buf`, its chain also

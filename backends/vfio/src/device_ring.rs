@@ -110,6 +110,18 @@ impl DeviceRing {
         })
     }
 
+    /// Descriptor `head` of the ring's table as written (for an indirect
+    /// chain: the pointer to its table).
+    pub fn head_desc(&self, head: u16) -> Result<Desc, Error> {
+        if head >= self.size {
+            return Err(Error::Device(format!(
+                "head {head} past a ring of {}",
+                self.size
+            )));
+        }
+        self.read_desc(self.desc, head)
+    }
+
     /// The chain headed by `head`, following `NEXT` links and an indirect
     /// table (whose descriptors it returns in its place), as a device
     /// must: a chain longer than its table, or a link out of it, is an

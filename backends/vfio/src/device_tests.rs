@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::*;
 use crate::emulated::{Emulated, Handle, Setup};
 use crate::session::RequestTimeout;
@@ -160,6 +162,41 @@ async fn xts_units_needing_more_than_the_whole_pool_complete() {
     }
     assert_eq!(dev.in_flight(), 0);
     assert_eq!(dev.dma_units_in_use(), idle, "DMA units leaked");
+}
+
+/// The deadlock-avoidance path of `crypt_units` taken for certain: 16
+/// callers, each window a quarter of the pool, so the pool runs out while
+/// they hold units (with three callers the windows fit in the pool
+/// together, and a caller that waited for memory while holding its window
+/// would pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xts_units_from_more_callers_than_the_pool_holds_windows_for() {
+    let (dev, _handle) = open(Setup {
+        pool_bytes: 256 << 10,
+        ..Setup::default()
+    });
+    let idle = dev.dma_units_in_use();
+    let key = pattern(64, 9);
+    let s = Arc::new(dev.cipher_session(CipherAlgo::AesXts, &key).await.unwrap());
+    let tasks: Vec<_> = (0..16u8)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let plain = pattern(256 << 10, i);
+                let got = s.crypt_units(true, &[i; 16], 512, plain.clone()).await;
+                (plain, [i; 16], got)
+            })
+        })
+        .collect();
+    let all = tokio::time::timeout(Duration::from_secs(30), futures_join(tasks))
+        .await
+        .expect("XTS requests deadlocked on the DMA pool");
+    for (plain, first, got) in all {
+        let mut want = plain;
+        reference_units(&key, u128::from_le_bytes(first), 512, &mut want);
+        assert!(got.unwrap() == want);
+    }
+    assert_eq!(dev.dma_units_in_use(), idle);
 }
 
 #[tokio::test]
@@ -354,68 +391,226 @@ async fn a_device_that_lies_in_its_used_ring_is_declared_broken() {
     }
 }
 
-/// Suspends and resumes race session creation and requests: no register
-/// is ever touched in D3hot, and a session that was created is never lost
-/// to a suspend (it refuses while one lives).
+/// Suspends race session creation and requests, and a second task
+/// suspends and resumes at will: no register is ever touched in D3hot, and
+/// a session once made is never lost to a suspend (it refuses while one
+/// lives). Each round ends with a gap no session spans (a barrier), so
+/// that every round has a suspend that can succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suspend_racing_submissions_never_touches_the_device_in_d3hot() {
     let (dev, handle) = open(Setup::default());
     let key = pattern(16, 8);
     let mut want = vec![3u8; 256];
     reference(CipherAlgo::AesCbc, true, &key, &[0; 16], &mut want);
-    let done = Arc::new(AtomicBool::new(false));
+    const ROUNDS: usize = 100;
+    // The gap: from `gap` (users done) to `resume` (users go on).
+    let gap = Arc::new(tokio::sync::Barrier::new(3));
+    let go_on = Arc::new(tokio::sync::Barrier::new(3));
     let users: Vec<_> = (0..2u64)
         .map(|u| {
             let (dev, key, want) = (dev.clone(), key.clone(), want.clone());
+            let (gap, go_on) = (gap.clone(), go_on.clone());
             tokio::spawn(async move {
-                let (mut served, mut refused) = (0, 0);
-                for i in 0..400u64 {
-                    // Gaps between sessions, of varying length, so that
-                    // suspends find none live.
+                let mut served = 0;
+                for i in 0..ROUNDS as u64 {
                     for _ in 0..(i * 7 + u) % 5 {
                         tokio::task::yield_now().await;
                     }
                     // Refused while suspended: fine. Once made, it works.
-                    let Ok(s) = dev.cipher_session(CipherAlgo::AesCbc, &key).await else {
-                        refused += 1;
-                        continue;
-                    };
-                    let got = s.encrypt(&[0; 16], vec![3; 256]).await.unwrap();
-                    assert!(got == want);
-                    served += 1;
-                    s.close().await.unwrap();
+                    if let Ok(s) = dev.cipher_session(CipherAlgo::AesCbc, &key).await {
+                        let got = s.encrypt(&[0; 16], vec![3; 256]).await.unwrap();
+                        assert!(got == want);
+                        served += 1;
+                        s.close().await.unwrap();
+                    }
+                    gap.wait().await;
+                    go_on.wait().await;
                 }
-                (served, refused)
+                served
             })
         })
         .collect();
-    let power = {
-        let (dev, done) = (dev.clone(), done.clone());
-        tokio::spawn(async move {
-            let mut cycles = 0;
-            while !done.load(Ordering::Acquire) {
-                match dev.suspend().await {
-                    Ok(()) => {
-                        cycles += 1;
-                        tokio::task::yield_now().await;
-                        dev.resume().unwrap();
-                    }
-                    Err(Error::Invalid { .. }) => tokio::task::yield_now().await,
-                    Err(e) => panic!("{e}"),
-                }
+    // Another thread resumes whenever it likes (a second power user).
+    let stop = Arc::new(AtomicBool::new(false));
+    let resumer = {
+        let (dev, stop) = (dev.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                let _ = dev.resume();
+                std::thread::yield_now();
             }
-            cycles
         })
     };
-    let ends = futures_join(users).await;
-    done.store(true, Ordering::Release);
-    let cycles = power.await.unwrap();
-    let served: usize = ends.iter().map(|e| e.0).sum();
-    let refused: usize = ends.iter().map(|e| e.1).sum();
-    eprintln!("{refused} sessions refused while suspended");
-    eprintln!("{served} sessions served, {cycles} power cycles");
-    assert!(served > 0 && cycles > 0, "{served} served, {cycles} cycles");
+    let mut cycles = 0;
+    for _ in 0..ROUNDS {
+        // Racing the users' sessions...
+        match dev.suspend().await {
+            Ok(()) | Err(Error::Invalid { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        let _ = dev.resume();
+        gap.wait().await;
+        // ...and in the gap, where none lives: this one must succeed.
+        dev.suspend().await.unwrap();
+        cycles += 1;
+        let _ = dev.suspend().await;
+        dev.resume().unwrap();
+        go_on.wait().await;
+    }
+    stop.store(true, Ordering::Release);
+    resumer.join().unwrap();
+    let served: usize = futures_join(users).await.into_iter().sum();
+    eprintln!("{served} sessions served, {cycles} power cycles in the gaps");
+    assert!(
+        served > 0 && cycles == ROUNDS,
+        "{served} served, {cycles} cycles"
+    );
+    dev.resume().unwrap();
+    let _ = dev.diagnose();
     assert_eq!(handle.seen().touched_in_d3hot, 0);
+}
+
+/// A second suspend is a no-op: it touches nothing in D3hot (a BAR access
+/// there is a SIGBUS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_suspend_touches_nothing_in_d3hot() {
+    let (dev, handle) = open(Setup::default());
+    dev.suspend().await.unwrap();
+    assert!(dev.is_suspended());
+    dev.suspend().await.unwrap();
+    assert_eq!(handle.seen().touched_in_d3hot, 0);
+    dev.resume().unwrap();
+    assert!(!dev.is_suspended());
+}
+
+/// Suspend on one task, resume on another thread, as fast as they go: the
+/// driver's view (suspended or not) always matches the device's, so no
+/// register is touched in D3hot. (A resume between a suspend's marking and
+/// its entry into D3hot left the device down while the driver said up.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_and_resume_racing_from_two_threads_agree_with_the_device() {
+    let (dev, handle) = open(Setup::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let resumer = {
+        let (dev, stop) = (dev.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                let _ = dev.resume();
+            }
+        })
+    };
+    for _ in 0..2000 {
+        let _ = dev.suspend().await;
+        // Awake by the driver's account: a register read must not be in D3hot.
+        let _ = dev.diagnose();
+    }
+    stop.store(true, Ordering::Release);
+    resumer.join().unwrap();
+    dev.resume().unwrap();
+    let _ = dev.diagnose();
+    assert_eq!(
+        handle.seen().touched_in_d3hot,
+        0,
+        "registers touched in D3hot"
+    );
+}
+
+/// After a reset that failed, the device finishes honestly what it held:
+/// that is no broken ring (the requests were failed, their chains left in
+/// the ring are expected back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_honest_completion_after_a_failed_reset_does_not_break_the_device() {
+    let (dev, handle) = open(Setup::default());
+    let (_s, tasks) = hung_requests(&dev, &handle, 2).await;
+    handle.faults(|f| f.transport_reset_fails = true);
+    dev.reset().unwrap_err();
+    for t in tasks {
+        let f = t.await.unwrap().unwrap_err();
+        assert!(matches!(f.error, Error::Gone));
+    }
+    handle.faults(|f| f.hang = false);
+    assert!(settles(|| handle.seen().completed >= 2).await);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(dev.broken(), None, "an honest device was declared broken");
+    assert_eq!(dev.parked_buffers(), 2, "still parked: the reset failed");
+}
+
+/// A `crypt_units` future dropped with its window in the device: the
+/// units' memory stays held until the device completes them, then all of
+/// it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_crypt_units_keeps_its_window_until_the_device_lets_go() {
+    let (dev, handle) = open(Setup::default());
+    let idle = dev.dma_units_in_use();
+    let s = dev
+        .cipher_session(CipherAlgo::AesXts, &pattern(32, 1))
+        .await
+        .unwrap();
+    handle.faults(|f| f.hang = true);
+    let r = tokio::time::timeout(
+        Duration::from_millis(100),
+        s.crypt_units(true, &[0; 16], 512, vec![1; 512 * 200]),
+    )
+    .await;
+    assert!(r.is_err());
+    let held = dev.in_flight();
+    assert!(held > 0 && held <= crate::UNITS_IN_FLIGHT, "{held}");
+    assert!(dev.dma_units_in_use() >= idle + held);
+    handle.faults(|f| f.hang = false);
+    assert!(settles(|| dev.in_flight() == 0).await);
+    assert_eq!(dev.dma_units_in_use(), idle);
+}
+
+/// A device whose control queue hangs: opening a session fails with a
+/// timeout instead of hanging its caller, and nothing is left counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_control_queue_times_session_creation_out() {
+    let (dev, handle) = open(Setup::default());
+    dev.set_control_timeout(Duration::from_millis(100));
+    handle.faults(|f| f.hang_control = true);
+    let started = std::time::Instant::now();
+    let e = dev
+        .cipher_session(CipherAlgo::AesCbc, &[1; 16])
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    handle.faults(|f| f.hang_control = false);
+    // The late completion comes back; no session stays counted.
+    assert!(settles(|| dev.in_flight() == 0).await);
+    dev.suspend().await.unwrap();
+    dev.resume().unwrap();
+    assert!(
+        dev.cipher_session(CipherAlgo::AesCbc, &[1; 16])
+            .await
+            .is_ok()
+    );
+}
+
+/// A burst on a hung device times out (its requests lost, their memory
+/// held until the device completes them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_on_a_hung_device_times_out_and_its_memory_comes_back() {
+    let (dev, handle) = open(Setup::default());
+    let s = dev
+        .cipher_session(CipherAlgo::AesCbc, &[2; 16])
+        .await
+        .unwrap()
+        .with_timeout(RequestTimeout {
+            fixed: Duration::from_millis(50),
+            per_mib: Duration::ZERO,
+        });
+    let mut burst = Vec::new();
+    for _ in 0..8 {
+        burst.push(s.prepare(true, &[0; 16], &[5; 64]).await.unwrap());
+    }
+    let idle = dev.dma_units_in_use() - 8;
+    handle.faults(|f| f.hang = true);
+    let e = s.run_burst(burst).await.unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert_eq!(dev.in_flight(), 8);
+    handle.faults(|f| f.hang = false);
+    assert!(settles(|| dev.in_flight() == 0 && dev.dma_units_in_use() == idle).await);
 }
 
 /// A low-power entry that fails leaves the device up and usable.

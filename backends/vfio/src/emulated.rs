@@ -53,6 +53,8 @@ impl Default for Setup {
 pub(crate) struct Faults {
     /// Data requests are taken but not completed (until cleared).
     pub(crate) hang: bool,
+    /// Control requests are left in the ring (until cleared).
+    pub(crate) hang_control: bool,
     /// The transport's reset never reads back 0.
     pub(crate) transport_reset_fails: bool,
     /// The function has no reset (`VFIO_DEVICE_RESET` fails).
@@ -349,6 +351,9 @@ fn run(shared: &Shared) {
 fn serve(state: &mut State) -> bool {
     let mut any = false;
     for index in [1u16, 0] {
+        if index == 1 && state.faults.hang_control {
+            continue;
+        }
         let Some(mut ring) = state.rings.remove(&index) else {
             continue;
         };

@@ -39,7 +39,7 @@ use crate::dma::{DmaBuf, DmaPool};
 use crate::error::Error;
 use crate::limits::{self, DATA_CHAIN, Limits};
 use crate::protocol::{CipherAlgo, DeviceConfig};
-use crate::queue::{Burst, Host, Queue};
+use crate::queue::{Burst, Host, Pending, Queue};
 use crate::request::{Chain, DmaRequest, Layout};
 use crate::session::next_iv;
 use crate::virtqueue::{Segment, SplitQueue};
@@ -395,19 +395,42 @@ impl Harness {
                 assert!(!state.pending.contains(head), "a request with no chain");
                 continue;
             };
-            assert!(
-                state.pending.contains(head),
-                "a chain owned by no request: {head}"
-            );
+            let Some(Some(owner)) = state.pending.slots.get(usize::from(head)) else {
+                panic!("a chain owned by no request: {head}");
+            };
             busy += chain.len();
+            // The memory the request owning the chain holds: the chain may
+            // point nowhere else (not at another request's memory, even if
+            // that is allocated too).
+            let owned: Vec<(u64, u64)> = match owner {
+                Pending::One { buf, .. } => vec![(buf.iova(0), buf.iova(0) + buf.len() as u64)],
+                Pending::Burst(burst) => burst.with_requests(|rs| {
+                    rs.iter()
+                        .map(|r| (r.dma.iova(0), r.dma.iova(0) + r.dma.len() as u64))
+                        .collect()
+                }),
+            };
+            let inside = |addr: u64, len: u32| {
+                owned
+                    .iter()
+                    .any(|&(lo, hi)| addr >= lo && addr + u64::from(len) <= hi)
+                    && self.pool.is_allocated(addr, len as usize)
+            };
+            let first = self.device.head_desc(head).expect("a head in the ring");
+            if first.flags & crate::device_ring::DESC_F_INDIRECT != 0 {
+                assert!(
+                    inside(first.addr, first.len),
+                    "chain {head}'s table is not its request's"
+                );
+            }
             let seen = self
                 .device
                 .chain(head)
                 .expect("the driver's chain is well formed");
             for d in seen {
                 assert!(
-                    self.pool.is_allocated(d.addr, d.len as usize),
-                    "chain {head} points at freed memory"
+                    inside(d.addr, d.len),
+                    "chain {head} points outside its request's memory"
                 );
             }
         }

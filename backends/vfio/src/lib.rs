@@ -25,7 +25,7 @@ pub mod transport;
 pub mod vfio;
 pub mod virtqueue;
 
-pub use device::{CryptoDevice, POLL_FOR};
+pub use device::{CONTROL_TIMEOUT, CryptoDevice, POLL_FOR};
 pub use discover::{VIRTIO_CRYPTO, devices, unavailable_reason};
 pub use error::{Error, Failed, status_name};
 pub use limits::{Limits, MAX_REQUEST};

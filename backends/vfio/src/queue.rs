@@ -224,6 +224,9 @@ pub(crate) struct QueueState {
     /// Callers polling this queue for their completions; the device is
     /// asked for no interrupts while there are any.
     pub(crate) pollers: usize,
+    /// Its requests were failed (reset, removal, broken): completions of
+    /// the chains they left in the ring are expected, and ignored.
+    pub(crate) failed: bool,
 }
 
 impl Queue {
@@ -236,6 +239,7 @@ impl Queue {
                 ring,
                 pending: Pendings::new(size),
                 pollers: 0,
+                failed: false,
             }),
             room: Notify::new(),
             room_waiters: AtomicUsize::new(0),
@@ -266,6 +270,7 @@ impl Queue {
                     freed += 1;
                     match state.pending.remove(head) {
                         Some(p) => finished += u64::from(p.complete(len)),
+                        None if state.failed => {}
                         None => {
                             // The ring and the requests are kept together
                             // under this lock: a head the ring held that no
@@ -308,6 +313,7 @@ impl Queue {
     /// are woken (to find the device failed).
     pub(crate) fn fail_all(&self) -> Vec<DmaBuf> {
         let mut state = self.lock();
+        state.failed = true;
         let parked = state.pending.drain().flat_map(Pending::fail).collect();
         drop(state);
         self.room.notify_waiters();
@@ -700,5 +706,103 @@ mod tests {
             Err(Error::Broken(_))
         ));
         let _ = head;
+    }
+
+    async fn submit(q: &Queue, h: &TestHost, pool: &Arc<DmaPool>, tag: u64) -> Receiver {
+        let (b, c) = tagged(pool, tag);
+        q.enqueue_one(h, b, c, None).await.unwrap()
+    }
+
+    type Receiver = oneshot::Receiver<(DmaBuf, u32)>;
+
+    /// A device that publishes its used index before the entry it covers
+    /// (a missing write barrier): the slot still holds the entry of the
+    /// lap before, which names a head that is live again. The driver must
+    /// not believe it (it poisons each entry it has read): believed, the
+    /// wrong request completed and its memory was freed while the device
+    /// still worked on it.
+    #[tokio::test]
+    async fn a_stale_used_entry_is_not_believed() {
+        let (q, mut dev, pool) = queue(4);
+        let h = TestHost::default();
+        // One lap of the used ring, a request at a time.
+        for tag in 0..4 {
+            let rx = submit(&q, &h, &pool, tag).await;
+            let head = dev.pop_avail().unwrap().unwrap();
+            dev.push_used(u32::from(head), 0).unwrap();
+            q.drain(&h);
+            rx.await.unwrap();
+        }
+        let rx_b = submit(&q, &h, &pool, 100).await;
+        let _rx_c = submit(&q, &h, &pool, 200).await;
+        let (hb, hc) = (
+            dev.pop_avail().unwrap().unwrap(),
+            dev.pop_avail().unwrap().unwrap(),
+        );
+        let b_chain = dev.chain(hb).unwrap();
+        // Used slot 0 last held head 0's completion, and B has head 0.
+        assert_eq!(hb, 0);
+        // The device finishes C: index first, the driver looks, then the
+        // entry.
+        dev.set_used_idx(5).unwrap();
+        q.drain(&h);
+        dev.write_used_entry(4, u32::from(hc), 0).unwrap();
+        q.drain(&h);
+        let b_completed = rx_b.await.is_ok();
+        let b_held = pool.is_allocated(b_chain[0].addr, b_chain[0].len as usize);
+        assert!(
+            !b_completed && b_held && h.broken.lock().unwrap().is_some(),
+            "B completed: {b_completed}, memory held: {b_held}"
+        );
+    }
+
+    /// A device that completes a request twice: by then the driver may have
+    /// given the head to a new request. Free descriptors are reused last
+    /// in, last out (a ring's length later), so a repeat soon after names a
+    /// free descriptor: the device is broken, and the new request's memory
+    /// stays held.
+    #[tokio::test]
+    async fn a_repeated_completion_does_not_complete_the_next_request() {
+        let (q, mut dev, pool) = queue(8);
+        let h = TestHost::default();
+        let rx_a = submit(&q, &h, &pool, 1).await;
+        let ha = dev.pop_avail().unwrap().unwrap();
+        dev.push_used(u32::from(ha), 0).unwrap();
+        q.drain(&h);
+        rx_a.await.unwrap();
+        let rx_b = submit(&q, &h, &pool, 2).await;
+        let hb = dev.pop_avail().unwrap().unwrap();
+        assert_ne!(ha, hb, "the head is not reused at once");
+        let b_chain = dev.chain(hb).unwrap();
+        dev.push_used(u32::from(ha), 0).unwrap();
+        q.drain(&h);
+        assert!(h.broken.lock().unwrap().is_some());
+        assert!(
+            rx_b.await.is_err(),
+            "B failed with the device, not completed"
+        );
+        assert!(pool.is_allocated(b_chain[0].addr, b_chain[0].len as usize));
+    }
+
+    /// More than 65,536 requests through a ring of 4, completed out of
+    /// order two at a time: the u16 indices wrap, and nothing is lost.
+    #[tokio::test]
+    async fn indices_wrap_with_requests_completed_out_of_order() {
+        let (q, mut dev, pool) = queue(4);
+        let h = TestHost::default();
+        let idle = pool.units_in_use();
+        for i in 0..35_000u64 {
+            let a = submit(&q, &h, &pool, 2 * i).await;
+            let b = submit(&q, &h, &pool, 2 * i + 1).await;
+            let ha = dev.pop_avail().unwrap().unwrap();
+            let hb = dev.pop_avail().unwrap().unwrap();
+            dev.push_used(u32::from(hb), 0).unwrap();
+            dev.push_used(u32::from(ha), 0).unwrap();
+            q.drain(&h);
+            assert_eq!(a.await.unwrap().0.read_u64(0).unwrap(), 2 * i);
+            assert_eq!(b.await.unwrap().0.read_u64(0).unwrap(), 2 * i + 1);
+        }
+        assert!(h.broken.lock().unwrap().is_none());
+        assert_eq!(pool.units_in_use(), idle);
     }
 }

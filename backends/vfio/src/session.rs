@@ -95,8 +95,9 @@ impl CipherSession {
     /// Gives up on a request that takes longer than `timeout` (measured
     /// from its start, including any wait for room in the queue or the DMA
     /// pool): it fails with [`Error::Timeout`] and the caller's buffer
-    /// unchanged. Without one (the default) a request waits for its
-    /// device as long as it takes.
+    /// unchanged (a [`CipherSession::run_burst`] loses its requests, as on
+    /// a reset). Without one (the default) a request waits for its device
+    /// as long as it takes.
     pub fn with_timeout(mut self, timeout: RequestTimeout) -> Self {
         self.timeout = Some(timeout);
         self
@@ -447,15 +448,17 @@ impl CipherSession {
     ///
     /// # Errors
     /// [`Error::Invalid`] for a request of another session (nothing is
-    /// sent); [`Error::Gone`] if the device was reset or removed (the
-    /// requests are lost: their memory stays with the driver until the
-    /// device can no longer write it).
+    /// sent); [`Error::Gone`] if the device was reset or removed, and
+    /// [`Error::Timeout`] past the session's timeout (for the burst's
+    /// bytes together): the requests are lost — their memory stays with
+    /// the driver until the device can no longer write it.
     ///
     /// # Cancel safety
     /// Cancel safe in the sense that matters: the requests' DMA memory
     /// stays with the driver until the device completes them (or is reset);
     /// the requests themselves are consumed.
     pub async fn run_burst(&self, burst: Vec<DmaRequest>) -> Result<Vec<DmaRequest>, Error> {
+        let mut bytes = 0usize;
         for r in &burst {
             if r.session != self.ids[usize::from(!r.encrypt)] || !r.dma.same_pool(&self.dev.pool) {
                 return Err(Error::Invalid {
@@ -464,13 +467,17 @@ impl CipherSession {
                 });
             }
             r.dma.write_u8(STATUS_AT, 0xff)?;
+            bytes = bytes.saturating_add(r.len());
         }
         // The burst holds the requests while the device has them: nothing
-        // is moved per request, and a dropped future leaves them with the
-        // queue until they complete.
+        // is moved per request, and a dropped future (or one given up by
+        // the timeout) leaves them with the queue until they complete.
         let state = Arc::new(Burst::new(burst));
-        self.dev.enqueue_burst(&state).await?;
-        self.dev.wait_burst(&self.dev.data, &state).await?;
+        self.within(bytes, async {
+            self.dev.enqueue_burst(&state).await?;
+            self.dev.wait_burst(&self.dev.data, &state).await
+        })
+        .await?;
         let mut done = state.take();
         for r in &mut done {
             r.status = Some(r.dma.read_u8(STATUS_AT)?);

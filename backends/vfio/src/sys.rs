@@ -41,9 +41,13 @@ fn result(r: c_int) -> Result<c_int, Errno> {
 }
 
 /// An ioctl whose argument is a plain integer.
-fn ioctl_int(fd: BorrowedFd<'_>, request: c_ulong, arg: c_ulong) -> Result<c_int, Errno> {
-    // SAFETY: these requests take their argument by value (an integer or
-    // none); the kernel reads no memory through it.
+///
+/// # Safety
+/// `request` must take its argument by value (an integer, or none): the
+/// kernel must read no memory through it.
+unsafe fn ioctl_int(fd: BorrowedFd<'_>, request: c_ulong, arg: c_ulong) -> Result<c_int, Errno> {
+    // SAFETY: the caller's contract: the request reads no memory through
+    // its argument.
     result(unsafe { nix::libc::ioctl(fd.as_raw_fd(), request as _, arg) })
 }
 
@@ -68,27 +72,42 @@ unsafe fn ioctl_struct<T>(
 }
 
 /// An ioctl whose argument is a variable-length structure in `buf` (a
-/// fixed header with `argsz` = `buf.len()`, then data).
-fn ioctl_buf(fd: BorrowedFd<'_>, request: c_ulong, buf: &mut [u32]) -> Result<c_int, Errno> {
-    // SAFETY: `buf` is live, exclusive and 4-byte aligned (the headers'
-    // alignment); its first word, `argsz`, is its length in bytes (checked
-    // by the callers), beyond which the kernel does not read or write.
+/// fixed header beginning with `argsz`, then data). `argsz` is set here to
+/// `buf`'s length in bytes.
+///
+/// # Safety
+/// `request` must be one whose argument is such a structure (its first
+/// word `argsz`, 4-byte aligned), laid out in `buf` as the kernel expects
+/// for it, so that the kernel reads and writes only within `argsz` bytes
+/// of it and keeps no pointer to it past the call.
+unsafe fn ioctl_buf(fd: BorrowedFd<'_>, request: c_ulong, buf: &mut [u32]) -> Result<c_int, Errno> {
+    let bytes = u32::try_from(std::mem::size_of_val(buf)).map_err(|_| Errno::EINVAL)?;
+    let Some(argsz) = buf.first_mut() else {
+        return Err(Errno::EINVAL);
+    };
+    *argsz = bytes;
+    // SAFETY: `buf` is live, exclusive and 4-byte aligned; its first word,
+    // `argsz`, is its length in bytes (set above), beyond which the kernel
+    // does not read or write; the layout is the caller's contract.
     result(unsafe { nix::libc::ioctl(fd.as_raw_fd(), request as _, buf.as_mut_ptr()) })
 }
 
 /// `VFIO_GET_API_VERSION`.
 pub(crate) fn api_version(container: BorrowedFd<'_>) -> Result<c_int, Errno> {
-    ioctl_int(container, GET_API_VERSION, 0)
+    // SAFETY: VFIO_GET_API_VERSION takes no argument.
+    unsafe { ioctl_int(container, GET_API_VERSION, 0) }
 }
 
 /// `VFIO_CHECK_EXTENSION`: whether the container supports `extension`.
 pub(crate) fn check_extension(container: BorrowedFd<'_>, extension: u32) -> Result<bool, Errno> {
-    ioctl_int(container, CHECK_EXTENSION, c_ulong::from(extension)).map(|r| r > 0)
+    // SAFETY: VFIO_CHECK_EXTENSION takes the extension's number by value.
+    unsafe { ioctl_int(container, CHECK_EXTENSION, c_ulong::from(extension)) }.map(|r| r > 0)
 }
 
 /// `VFIO_SET_IOMMU`.
 pub(crate) fn set_iommu(container: BorrowedFd<'_>, kind: u32) -> Result<(), Errno> {
-    ioctl_int(container, SET_IOMMU, c_ulong::from(kind)).map(drop)
+    // SAFETY: VFIO_SET_IOMMU takes the IOMMU type by value.
+    unsafe { ioctl_int(container, SET_IOMMU, c_ulong::from(kind)) }.map(drop)
 }
 
 /// `VFIO_GROUP_GET_STATUS`: the group's flags.
@@ -170,9 +189,9 @@ pub(crate) fn set_irqs(
     count: u32,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), Errno> {
-    // struct vfio_irq_set: argsz, flags, index, start, count, then data.
+    // struct vfio_irq_set: argsz (set by ioctl_buf), flags, index, start,
+    // count, then data.
     let mut buf = vec![0u32; 5 + fds.len()];
-    buf[0] = (buf.len() * 4) as u32;
     buf[1] = flags;
     buf[2] = index;
     buf[3] = start;
@@ -180,19 +199,25 @@ pub(crate) fn set_irqs(
     for (slot, fd) in buf[5..].iter_mut().zip(fds) {
         *slot = fd.as_raw_fd() as u32;
     }
-    ioctl_buf(device, DEVICE_SET_IRQS, &mut buf).map(drop)
+    // SAFETY: VFIO_DEVICE_SET_IRQS takes a `struct vfio_irq_set` (argsz,
+    // flags, index, start, count) followed by `count` eventfds as `s32`,
+    // which is `buf`'s layout.
+    unsafe { ioctl_buf(device, DEVICE_SET_IRQS, &mut buf) }.map(drop)
 }
 
 /// `VFIO_DEVICE_RESET`.
 pub(crate) fn device_reset(device: BorrowedFd<'_>) -> Result<(), Errno> {
-    ioctl_int(device, DEVICE_RESET, 0).map(drop)
+    // SAFETY: VFIO_DEVICE_RESET takes no argument.
+    unsafe { ioctl_int(device, DEVICE_RESET, 0) }.map(drop)
 }
 
 /// `VFIO_DEVICE_FEATURE` with no data (e.g. `SET | LOW_POWER_ENTRY`).
 pub(crate) fn device_feature(device: BorrowedFd<'_>, flags: u32) -> Result<(), Errno> {
     // struct vfio_device_feature: argsz, flags.
     let mut buf = [8u32, flags];
-    ioctl_buf(device, DEVICE_FEATURE, &mut buf).map(drop)
+    // SAFETY: VFIO_DEVICE_FEATURE takes a `struct vfio_device_feature`
+    // (argsz, flags) followed by the feature's data, none for these.
+    unsafe { ioctl_buf(device, DEVICE_FEATURE, &mut buf) }.map(drop)
 }
 
 /// `VFIO_IOMMU_MAP_DMA`: the device may read and write `size` bytes at

@@ -34,8 +34,11 @@ pub struct Segment {
 pub struct SplitQueue {
     mem: DmaBuf,
     size: u16,
-    /// Free descriptors, as a stack.
-    free: Vec<u16>,
+    /// Free descriptors, first freed first reused: a head comes back to
+    /// the device a ring's length after it was freed at the earliest, so
+    /// a device that repeats a recent completion names a free descriptor
+    /// (caught), not the head of the next request.
+    free: std::collections::VecDeque<u16>,
     /// Which descriptors the device holds (to catch a double completion
     /// without searching the free stack).
     busy: Vec<bool>,
@@ -86,7 +89,7 @@ impl SplitQueue {
         Ok(SplitQueue {
             mem,
             size,
-            free: (0..size).rev().collect(),
+            free: (0..size).collect(),
             busy: vec![false; usize::from(size)],
             head: vec![false; usize::from(size)],
             chains: 0,
@@ -112,7 +115,7 @@ impl SplitQueue {
     /// from 0), for a device that was reset and sets the queue up anew.
     pub fn reset(&mut self) -> Result<(), Error> {
         self.mem.write(0, &vec![0u8; Self::bytes(self.size)])?;
-        self.free = (0..self.size).rev().collect();
+        self.free = (0..self.size).collect();
         self.busy = vec![false; usize::from(self.size)];
         self.head = vec![false; usize::from(self.size)];
         self.chains = 0;
@@ -196,10 +199,9 @@ impl SplitQueue {
         if self.free.len() < chain.len() {
             return Ok(None);
         }
-        // The chain takes the top of the free stack, top first (no
-        // allocation: this runs for every request).
-        let keep = self.free.len() - chain.len();
-        let id_at = |i: usize| self.free[self.free.len() - 1 - i];
+        // The chain takes the front of the free list (no allocation: this
+        // runs for every request).
+        let id_at = |i: usize| self.free[i];
         for (i, seg) in chain.iter().enumerate() {
             let id = id_at(i);
             let next = (i + 1 < chain.len()).then(|| id_at(i + 1));
@@ -212,7 +214,7 @@ impl SplitQueue {
             self.busy[usize::from(id)] = true;
         }
         let head = id_at(0);
-        self.free.truncate(keep);
+        self.free.drain(..chain.len());
         self.head[usize::from(head)] = true;
         self.chains += 1;
         let slot = usize::from(self.avail_idx % self.size);
@@ -232,7 +234,7 @@ impl SplitQueue {
         if !self.indirect || chain.len() < 2 {
             return self.stage(chain);
         }
-        let Some(&id) = self.free.last() else {
+        let Some(&id) = self.free.front() else {
             return Ok(None);
         };
         let len = u32::try_from(chain.len() * DESC_BYTES).map_err(|_| Error::Invalid {
@@ -240,7 +242,7 @@ impl SplitQueue {
             detail: format!("{} segments", chain.len()),
         })?;
         self.write_desc(id, table, len, DESC_F_INDIRECT, 0)?;
-        self.free.pop();
+        self.free.pop_front();
         self.next[usize::from(id)] = None;
         self.busy[usize::from(id)] = true;
         self.head[usize::from(id)] = true;
@@ -342,6 +344,10 @@ impl SplitQueue {
         let slot = usize::from(self.last_used % self.size);
         let id = self.mem.read_u32(used + 4 + 8 * slot)?;
         let len = self.mem.read_u32(used + 8 + 8 * slot)?;
+        // Poison the entry (before its chain is freed, so the device cannot
+        // be writing it now): a device that publishes a later index before
+        // writing this slot again is caught, not believed with a stale id.
+        self.mem.write_u32(used + 4 + 8 * slot, u32::MAX)?;
         let head = u16::try_from(id)
             .ok()
             .filter(|&h| h < self.size && self.head[usize::from(h)])
@@ -362,7 +368,7 @@ impl SplitQueue {
             // descriptor that is not busy here is a bug in this driver.
             debug_assert!(self.busy[usize::from(d)], "descriptor {d} freed twice");
             self.busy[usize::from(d)] = false;
-            self.free.push(d);
+            self.free.push_back(d);
             at = self.next[usize::from(d)].take();
         }
         Ok(Some((head, len)))
