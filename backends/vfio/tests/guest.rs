@@ -211,7 +211,9 @@ fn four_times_the_queue_depth_at_once_on_every_device() {
 /// Three concurrent 8 MiB AES-256-XTS requests in 4 KiB data units — six
 /// times the whole DMA pool — each keeping a bounded window of units in
 /// flight: all complete (before the fix, none did in 240 s), match the CPU,
-/// and every DMA unit comes back.
+/// and every DMA unit comes back. Then 16 concurrent 1 MiB requests, whose
+/// windows together need more than the pool: a request that finds it full
+/// collects its oldest unit instead of waiting while it holds some.
 #[test]
 fn xts_units_needing_more_than_the_whole_pool_complete_on_every_device() {
     on_devices(usize::MAX, async |address, dev| {
@@ -220,6 +222,16 @@ fn xts_units_needing_more_than_the_whole_pool_complete_on_every_device() {
         let s = Arc::new(dev.cipher_session(CipherAlgo::AesXts, &k).await.unwrap());
         let len = 8 << 20;
         assert!(3 * len > 4 * dev.pool_bytes());
+        let many = run_xts(&dev, &s, &k, 16, 1 << 20).await;
+        assert_eq!(dev.in_flight(), 0);
+        assert_eq!(dev.dma_units_in_use(), idle, "DMA memory leaked");
+        note(&format!(
+            "{address}: 16 x 1 MiB AES-256-XTS in 4 KiB units at once (their windows need \
+             {} KiB of a {} KiB pool): all right in {:.0} ms",
+            (16 * crypto_offload_vfio::UNITS_IN_FLIGHT * s.request_bytes(4096)) >> 10,
+            dev.pool_bytes() >> 10,
+            many.as_secs_f64() * 1e3
+        ));
         let jobs: Vec<(Vec<u8>, [u8; 16], Vec<u8>)> = (0..3u8)
             .map(|i| {
                 let plain: Vec<u8> = (0..len).map(|j| (j as u8).wrapping_mul(7) ^ i).collect();
@@ -270,6 +282,52 @@ fn xts_units_needing_more_than_the_whole_pool_complete_on_every_device() {
             (3 * len) as f64 / took.as_secs_f64() / 1e6
         ));
     });
+}
+
+/// `n` concurrent XTS requests of `len` bytes in 4 KiB units on `s`, each
+/// checked against the CPU; how long they took.
+async fn run_xts(
+    dev: &CryptoDevice,
+    s: &Arc<crypto_offload_vfio::CipherSession>,
+    k: &[u8],
+    n: u8,
+    len: usize,
+) -> Duration {
+    let jobs: Vec<(Vec<u8>, [u8; 16], Vec<u8>)> = (0..n)
+        .map(|i| {
+            let plain: Vec<u8> = (0..len).map(|j| (j as u8).wrapping_mul(11) ^ i).collect();
+            let first = [i.wrapping_mul(17); 16];
+            let mut want = plain.clone();
+            let t0 = u128::from_le_bytes(first);
+            for (u, unit) in want.chunks_mut(4096).enumerate() {
+                let tweak = t0.wrapping_add(u as u128).to_le_bytes();
+                reference(CipherAlgo::AesXts, true, k, &tweak, unit);
+            }
+            (plain, first, want)
+        })
+        .collect();
+    let start = Instant::now();
+    let tasks: Vec<_> = jobs
+        .into_iter()
+        .map(|(plain, first, want)| {
+            let s = s.clone();
+            tokio::spawn(async move { (s.crypt_units(true, &first, 4096, plain).await, want) })
+        })
+        .collect();
+    let all = tokio::time::timeout(Duration::from_secs(240), async {
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    })
+    .await
+    .unwrap_or_else(|_| panic!("XTS requests deadlocked: {}", dev.diagnose()));
+    let took = start.elapsed();
+    for (i, (got, want)) in all.into_iter().enumerate() {
+        assert!(got.unwrap() == want, "XTS request {i} wrong");
+    }
+    took
 }
 
 /// Suspends and resumes race session creation and requests on the real
