@@ -300,3 +300,34 @@ impl CipherContext for Cipher {
             .map_err(failed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the session layer does with each driver error: a timeout or a
+    /// device that broke the rules is the engine's failure (the request is
+    /// replayed on the CPU and the breaker opens); a length the device
+    /// cannot take is not (replayed, breaker closed).
+    #[test]
+    fn driver_errors_map_to_what_the_selector_must_do() {
+        let timeout = backend_error(vfio::Error::Timeout(Duration::from_secs(2)));
+        assert!(matches!(timeout, BackendError::Timeout));
+        let broken = backend_error(vfio::Error::Broken("used id 999".into()));
+        assert!(matches!(broken, BackendError::Other(_)));
+        assert!(broken.to_string().contains("used id 999"), "{broken}");
+        assert!(matches!(
+            backend_error(vfio::Error::Gone),
+            BackendError::DeviceGone
+        ));
+        assert!(matches!(
+            backend_error(vfio::Error::TooLarge { len: 9, max: 8 }),
+            BackendError::Unsupported(_)
+        ));
+        let io = vfio::Error::Io {
+            op: "VFIO_DEVICE_RESET",
+            source: std::io::Error::from_raw_os_error(25),
+        };
+        assert_eq!(backend_error(io).raw_os_error(), Some(25));
+    }
+}
