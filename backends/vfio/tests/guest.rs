@@ -232,44 +232,11 @@ fn xts_units_needing_more_than_the_whole_pool_complete_on_every_device() {
             dev.pool_bytes() >> 10,
             many.as_secs_f64() * 1e3
         ));
-        let jobs: Vec<(Vec<u8>, [u8; 16], Vec<u8>)> = (0..3u8)
-            .map(|i| {
-                let plain: Vec<u8> = (0..len).map(|j| (j as u8).wrapping_mul(7) ^ i).collect();
-                let first = [i.wrapping_mul(40); 16];
-                let mut want = plain.clone();
-                let t0 = u128::from_le_bytes(first);
-                for (u, unit) in want.chunks_mut(4096).enumerate() {
-                    let tweak = t0.wrapping_add(u as u128).to_le_bytes();
-                    reference(CipherAlgo::AesXts, true, &k, &tweak, unit);
-                }
-                (plain, first, want)
-            })
-            .collect();
         let done = Arc::new(AtomicBool::new(false));
         let peak = sample_peak(&dev, &done);
-        let start = Instant::now();
-        let tasks: Vec<_> = jobs
-            .into_iter()
-            .map(|(plain, first, want)| {
-                let s = s.clone();
-                tokio::spawn(async move { (s.crypt_units(true, &first, 4096, plain).await, want) })
-            })
-            .collect();
-        let all = tokio::time::timeout(Duration::from_secs(240), async {
-            let mut out = Vec::new();
-            for t in tasks {
-                out.push(t.await.unwrap());
-            }
-            out
-        })
-        .await
-        .unwrap_or_else(|_| panic!("{address}: XTS requests deadlocked: {}", dev.diagnose()));
-        let took = start.elapsed();
+        let took = run_xts(&dev, &s, &k, 3, len).await;
         done.store(true, Ordering::Release);
         let peak = peak.await.unwrap();
-        for (i, (got, want)) in all.into_iter().enumerate() {
-            assert!(got.unwrap() == want, "{address}: XTS request {i} wrong");
-        }
         assert_eq!(dev.in_flight(), 0);
         assert_eq!(dev.dma_units_in_use(), idle, "DMA memory leaked");
         note(&format!(
