@@ -915,20 +915,22 @@ impl Inner {
         Err(e)
     }
 
-    /// Whether the device takes requests, suspended or not.
+    /// Whether the device takes requests, suspended or not: one atomic
+    /// load on the request path (a broken device is also gone); why not,
+    /// only when it does not.
     fn accepting_or_suspended(&self) -> Result<(), Error> {
-        if let Some(why) = self
+        if !self.gone.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match self
             .broken
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
         {
-            return Err(Error::Broken(why.clone()));
+            Some(why) => Err(Error::Broken(why.clone())),
+            None => Err(Error::Gone),
         }
-        if self.gone.load(Ordering::Acquire) {
-            return Err(Error::Gone);
-        }
-        Ok(())
     }
 
     /// Why a request failed whose completion will never come: the device
