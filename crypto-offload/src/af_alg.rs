@@ -16,7 +16,7 @@ use crypto_offload_af_alg as af;
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 use crate::backend::{
-    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed,
+    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed, Limits,
 };
 use crate::buffer::IoBuf;
 use crate::error::BackendError;
@@ -401,39 +401,29 @@ impl Backend for AfAlgBackend {
         BackendKind::Kernel
     }
 
-    fn supports(&self, alg: Algorithm) -> bool {
-        self.driver(alg).is_some()
+    fn limits(&self, alg: Algorithm) -> Option<Limits> {
+        self.driver(alg)?;
+        let operation = self.operation(alg);
+        Some(match alg {
+            // The kernel's xts(aes) takes one tweak (a data unit) per
+            // operation, of at most an operation's length.
+            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => Limits::new()
+                .with_one_operation_per_unit()
+                .with_max_request(operation),
+            // CBC and CTR requests go to the kernel in operations of at
+            // most this size (the binding chains the IV), each paying the
+            // engine's fixed cost.
+            Algorithm::Cipher(_) => Limits::new().with_operation_len(operation),
+            // One message per operation; GCM's room leaves 4 KiB for
+            // associated data and the tag.
+            Algorithm::Aead(_) => Limits::new().with_max_request(operation.saturating_sub(4096)),
+            // CRCs are split into operations by the binding.
+            Algorithm::Crc(_) => Limits::new(),
+        })
     }
 
     fn power(&self) -> Option<&PowerDomain> {
         self.power.as_ref()
-    }
-
-    fn max_request(&self, alg: Algorithm) -> Option<usize> {
-        match alg {
-            // One tweak (a data unit: see one_operation_per_unit) or one
-            // message per kernel operation; GCM's room leaves 4 KiB for
-            // associated data and the tag.
-            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => Some(self.operation(alg)),
-            Algorithm::Aead(_) => Some(self.operation(alg).saturating_sub(4096)),
-            // CBC, CTR and CRCs are split into operations by the binding.
-            _ => None,
-        }
-    }
-
-    fn one_operation_per_unit(&self, alg: Algorithm) -> bool {
-        // The kernel's xts(aes) takes one tweak per operation.
-        matches!(alg, Algorithm::Cipher(c) if c.mode() == CipherMode::Xts)
-    }
-
-    fn operation_len(&self, alg: Algorithm) -> Option<usize> {
-        // CBC and CTR requests go to the kernel in operations of at most
-        // this size (the binding chains the IV), each paying the engine's
-        // fixed cost.
-        match alg {
-            Algorithm::Cipher(c) if c.mode() != CipherMode::Xts => Some(self.operation(alg)),
-            _ => None,
-        }
     }
 
     async fn open_cipher(
@@ -593,7 +583,7 @@ mod tests {
             b.driver(Algorithm::Cipher(CipherAlg::Aes128Cbc)),
             Some("cbc-aes-omap")
         );
-        assert!(!b.supports(Algorithm::Cipher(CipherAlg::Aes128Ctr)));
+        assert!(b.limits(Algorithm::Cipher(CipherAlg::Aes128Ctr)).is_none());
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The `Backend` trait: what an engine implements to serve sessions.
 //!
-//! The backends this crate ships are dispatched through an enum; the trait
-//! is for everything else — a third party's engine, a test double — and is
-//! object-safe (`Arc<dyn Backend>`), with async methods via `async-trait`.
+//! Every engine but the CPU is reached through this trait: the AF_ALG and
+//! VFIO backends this crate ships, a third party's engine, a test double.
+//! It is object-safe (`Arc<dyn Backend>`), with async methods via
+//! `async-trait`. (The CPU backend implements it too, but sessions call the
+//! CPU code directly, without a virtual call or an allocation.)
 //!
 //! A backend never sees invalid input: sessions check key, IV, nonce, tag
 //! and data lengths (and XTS weak keys) before a request reaches it, the same
@@ -31,8 +33,6 @@ pub enum BackendKind {
     Kernel,
     /// A device driven from userspace (VFIO).
     Device,
-    /// A simulated engine, for tests and benchmarks.
-    Simulated,
     /// Anything else a third party plugs in.
     Other,
 }
@@ -53,6 +53,119 @@ impl CipherParams {
     /// Parameters for one request.
     pub fn new(iv: [u8; 16], data_unit: usize) -> Self {
         CipherParams { iv, data_unit }
+    }
+}
+
+/// What a backend takes of one algorithm and how it carries it: the shape
+/// and cost hints the selector and calibration read once
+/// ([`Backend::limits`]). The default is no limit at all.
+///
+/// ```
+/// use crypto_offload::Limits;
+///
+/// // An engine whose XTS takes one 16-byte-multiple data unit per operation,
+/// // at most 64 KiB, with 256 requests in flight.
+/// let xts = Limits::new()
+///     .with_max_request(64 * 1024)
+///     .with_one_operation_per_unit()
+///     .with_length_multiple(16)
+///     .with_queue_depth(256);
+/// assert_eq!(xts.max_request, Some(64 * 1024));
+/// assert_eq!(Limits::default().length_multiple, 1);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// The largest request (in bytes) the backend takes, if it has a limit:
+    /// the selector sends larger ones elsewhere, and calibration measures
+    /// within it. Applies to one data unit where
+    /// [`one_operation_per_unit`](Limits::one_operation_per_unit).
+    pub max_request: Option<usize>,
+    /// The largest operation the engine carries a request in, if it splits
+    /// larger requests into several (each paying the fixed costs): the cost
+    /// model counts the operations.
+    pub operation_len: Option<usize>,
+    /// The engine takes one data unit per operation (an XTS request of
+    /// several units costs it several operations, each paying the fixed
+    /// costs — the kernel's `xts(aes)` takes one tweak per operation). The
+    /// selector then charges per unit.
+    pub one_operation_per_unit: bool,
+    /// The lengths the engine takes are multiples of this (of a data
+    /// unit's, where [`one_operation_per_unit`](Limits::one_operation_per_unit));
+    /// other requests go elsewhere. At least 1. (QEMU's virtio-crypto device
+    /// has no XTS ciphertext stealing: 16.)
+    pub length_multiple: usize,
+    /// How many requests the engine holds in flight, over all its queues,
+    /// if it has a limit (the selector sends no more than that).
+    pub queue_depth: Option<usize>,
+    /// The CPU time a request takes from this machine — per request and
+    /// per byte — when the backend knows it better than calibration can
+    /// measure it (calibration otherwise measures the process's CPU time
+    /// per request). A simulated engine declares its modelled cost here:
+    /// its real cost includes computing results on the CPU, which an engine
+    /// would not.
+    pub cpu_cost: Option<(Duration, f64)>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits::new()
+    }
+}
+
+impl Limits {
+    /// No limits: any length, any size, one operation a request.
+    pub const fn new() -> Self {
+        Limits {
+            max_request: None,
+            operation_len: None,
+            one_operation_per_unit: false,
+            length_multiple: 1,
+            queue_depth: None,
+            cpu_cost: None,
+        }
+    }
+
+    /// Sets [`max_request`](Limits::max_request).
+    #[must_use]
+    pub const fn with_max_request(mut self, bytes: usize) -> Self {
+        self.max_request = Some(bytes);
+        self
+    }
+
+    /// Sets [`operation_len`](Limits::operation_len).
+    #[must_use]
+    pub const fn with_operation_len(mut self, bytes: usize) -> Self {
+        self.operation_len = Some(bytes);
+        self
+    }
+
+    /// Sets [`one_operation_per_unit`](Limits::one_operation_per_unit).
+    #[must_use]
+    pub const fn with_one_operation_per_unit(mut self) -> Self {
+        self.one_operation_per_unit = true;
+        self
+    }
+
+    /// Sets [`length_multiple`](Limits::length_multiple) (0 is taken as 1).
+    #[must_use]
+    pub const fn with_length_multiple(mut self, bytes: usize) -> Self {
+        self.length_multiple = if bytes == 0 { 1 } else { bytes };
+        self
+    }
+
+    /// Sets [`queue_depth`](Limits::queue_depth).
+    #[must_use]
+    pub const fn with_queue_depth(mut self, requests: usize) -> Self {
+        self.queue_depth = Some(requests);
+        self
+    }
+
+    /// Sets [`cpu_cost`](Limits::cpu_cost).
+    #[must_use]
+    pub const fn with_cpu_cost(mut self, per_request: Duration, per_byte_ns: f64) -> Self {
+        self.cpu_cost = Some((per_request, per_byte_ns));
+        self
     }
 }
 
@@ -90,61 +203,20 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// What kind of engine this is.
     fn kind(&self) -> BackendKind;
 
-    /// Whether this backend can run `alg` at all.
-    fn supports(&self, alg: Algorithm) -> bool;
+    /// Whether the backend runs `alg`, and if so the shapes it takes and
+    /// how it carries them ([`Limits`]); `None` if it does not run it.
+    ///
+    /// **Read once**, for every algorithm, when the backend joins an
+    /// `Offload` ([`OffloadBuilder::build`](crate::OffloadBuilder::build)):
+    /// the selector and calibration use that copy, so an answer that changes
+    /// later is not seen (build a new `Offload`).
+    fn limits(&self, alg: Algorithm) -> Option<Limits>;
 
     /// The backend's device power domain, if it manages power (its contexts
     /// hold a [`PowerRef`](crate::PowerRef) while open, and each request in
     /// flight a clone). The selector counts a resume when it is suspended.
     fn power(&self) -> Option<&PowerDomain> {
         None
-    }
-
-    /// The CPU time a request takes from this machine — per request and per
-    /// byte — when the backend knows it better than calibration can measure
-    /// it. Calibration otherwise measures the process's CPU time per request.
-    /// The simulated engine declares its modelled cost here: its real cost
-    /// includes computing results on the CPU, which an engine would not.
-    fn declared_cpu_cost(&self, _alg: Algorithm) -> Option<(Duration, f64)> {
-        None
-    }
-
-    /// How many requests the engine can hold in flight, over all its queues,
-    /// if it has a limit (the selector sends no more than that).
-    fn queue_depth(&self) -> Option<usize> {
-        None
-    }
-
-    /// The largest request (in bytes) the backend takes for `alg`, if it
-    /// has a limit: the selector sends larger ones elsewhere, and
-    /// calibration measures within it.
-    fn max_request(&self, _alg: Algorithm) -> Option<usize> {
-        None
-    }
-
-    /// The largest operation the engine carries a request of `alg` in, if
-    /// it splits larger requests into several (each paying the fixed
-    /// costs): the cost model counts the operations.
-    fn operation_len(&self, _alg: Algorithm) -> Option<usize> {
-        None
-    }
-
-    /// Whether the engine takes one data unit per operation for `alg` (an
-    /// XTS request of several units costs it several operations, each
-    /// paying the fixed costs; an AF_ALG engine, whose XTS takes one tweak
-    /// per operation). The selector then charges per unit, and applies
-    /// [`Backend::max_request`] to a unit.
-    fn one_operation_per_unit(&self, _alg: Algorithm) -> bool {
-        false
-    }
-
-    /// The lengths the engine takes for `alg` are multiples of this (of a
-    /// data unit's, where [`Backend::one_operation_per_unit`]): other
-    /// requests go elsewhere, as if it did not run the algorithm. 1 by
-    /// default. (QEMU's virtio-crypto device has no XTS ciphertext
-    /// stealing: 16.)
-    fn length_multiple(&self, _alg: Algorithm) -> usize {
-        1
     }
 
     /// Opens a keyed cipher context (both directions).
@@ -235,3 +307,29 @@ pub trait CrcContext: Send + Sync {
 
 /// A backend as an `Offload` holds it.
 pub type SharedBackend = Arc<dyn Backend>;
+
+/// A keyed context of any kind on an engine, for calibration and probes.
+pub(crate) enum AnyContext {
+    Cipher(Box<dyn CipherContext>),
+    Aead(Box<dyn AeadContext>),
+    Crc(Box<dyn CrcContext>),
+}
+
+impl AnyContext {
+    /// A context for `alg` on `backend`, keyed with [`SecretKey::for_tests`].
+    pub(crate) async fn open(backend: &dyn Backend, alg: Algorithm) -> Result<Self, BackendError> {
+        Ok(match alg {
+            Algorithm::Cipher(c) => AnyContext::Cipher(
+                backend
+                    .open_cipher(c, &SecretKey::for_tests(c.key_len()))
+                    .await?,
+            ),
+            Algorithm::Aead(a) => AnyContext::Aead(
+                backend
+                    .open_aead(a, &SecretKey::for_tests(a.key_len()))
+                    .await?,
+            ),
+            Algorithm::Crc(c) => AnyContext::Crc(backend.open_crc(c).await?),
+        })
+    }
+}

@@ -8,13 +8,23 @@
 //! `probe_interval` (doubling up to 32× while it keeps failing). The first
 //! probe that succeeds closes the breaker. `offload probe` and
 //! [`Offload::backends`](crate::Offload::backends) show the reason while it
-//! is open. Outside any tokio runtime there is no probe task: after
+//! is open. The probe task ([`spawn_probe`]) lives here with the breaker it
+//! closes. Outside any tokio runtime there is no probe task: after
 //! `probe_interval` the breaker goes half-open and live traffic is the probe
 //! (a failure is still replayed on the CPU, and trips it again).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use crypto_offload_fallback as fb;
+
+use crate::alg::Algorithm;
+use crate::backend::{AnyContext, Backend, CipherParams, SharedBackend};
+use crate::buffer::IoBuf;
+use crate::cpu::CpuBackend;
+use crate::error::BackendError;
+use crate::key::SecretKey;
 
 /// A backend's breaker state. `open` is read on every selection; every
 /// transition happens under `state`'s lock, so a trip and a close cannot
@@ -104,4 +114,89 @@ impl Breaker {
         }
         self.state().reason.clone()
     }
+}
+
+/// Probes `backend` every `interval` (doubling up to 32× while probes
+/// fail) until one succeeds, then closes `breaker`. The task holds both
+/// weakly: it stops when the `Offload` that owns them is dropped. Outside a
+/// tokio runtime live traffic probes instead ([`Breaker::probe_by_traffic`]).
+pub(crate) fn spawn_probe(breaker: &Arc<Breaker>, backend: &SharedBackend, interval: Duration) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        breaker.probe_by_traffic(interval);
+        return;
+    };
+    let (breaker, backend) = (Arc::downgrade(breaker), Arc::downgrade(backend));
+    runtime.spawn(async move {
+        let mut wait = interval;
+        loop {
+            tokio::time::sleep(wait).await;
+            let (Some(breaker), Some(backend)) = (breaker.upgrade(), backend.upgrade()) else {
+                return;
+            };
+            match probe(&*backend).await {
+                Ok(()) => {
+                    tracing::info!(
+                        backend = backend.name(),
+                        "probe succeeded; closing the circuit"
+                    );
+                    breaker.close();
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(backend = backend.name(), error = %e, "probe failed");
+                    wait = wait.saturating_mul(2).min(interval.saturating_mul(32));
+                }
+            }
+        }
+    });
+}
+
+/// A small known-answer request on the first algorithm the backend runs,
+/// checked against the CPU.
+async fn probe(backend: &dyn Backend) -> Result<(), BackendError> {
+    let Some(alg) = Algorithm::all().find(|&a| backend.limits(a).is_some()) else {
+        return Ok(());
+    };
+    let wrong = || BackendError::Other("probe: wrong result".into());
+    let other = |e: crate::error::Error| BackendError::Other(Box::new(e));
+    let data: Vec<u8> = (0..64u8).collect();
+    let right = match (AnyContext::open(backend, alg).await?, alg) {
+        (AnyContext::Cipher(c), Algorithm::Cipher(a)) => {
+            let params = CipherParams::new([5; 16], data.len());
+            let got = c
+                .encrypt(params, IoBuf::from(data.clone()))
+                .await
+                .map_err(|f| f.error)?;
+            let cpu = CpuBackend::new()
+                .cipher(a, SecretKey::for_tests(a.key_len()).expose())
+                .map_err(other)?;
+            let mut want = data;
+            cpu.run(true, &params, &mut want)
+                .map_err(|e| BackendError::Other(Box::new(e)))?;
+            Vec::from(got) == want
+        }
+        (AnyContext::Aead(g), Algorithm::Aead(a)) => {
+            let (ct, tag) = g
+                .seal([5; 12], b"probe", IoBuf::from(data.clone()))
+                .await
+                .map_err(|f| f.error)?;
+            let cpu = CpuBackend::new()
+                .aead(a, SecretKey::for_tests(a.key_len()).expose())
+                .map_err(other)?;
+            let mut want = data;
+            let want_tag = cpu
+                .seal_in_place_detached(&[5; 12], b"probe", &mut want)
+                .map_err(|e| BackendError::Other(Box::new(e)))?;
+            Vec::from(ct) == want && tag == want_tag
+        }
+        (AnyContext::Crc(c), Algorithm::Crc(a)) => {
+            let (_, crc) = c
+                .checksum(IoBuf::from(data.clone()))
+                .await
+                .map_err(|f| f.error)?;
+            crc == fb::checksum(a, &data)
+        }
+        _ => false,
+    };
+    if right { Ok(()) } else { Err(wrong()) }
 }

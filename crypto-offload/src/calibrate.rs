@@ -1,5 +1,4 @@
-//! Calibration (seeding the cost model by measurement) and the circuit
-//! breaker's probe.
+//! Calibration: seeding the cost model by measurement.
 //!
 //! Calibration is bounded: each backend gets [`BUDGET`] of wall time for all
 //! the (algorithm, direction) pairs it runs, each pair a share of what is
@@ -17,7 +16,6 @@
 use core::future::Future;
 use core::pin::Pin;
 use core::task::Poll;
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use cpu_time::ProcessTime;
@@ -25,12 +23,12 @@ use crypto_offload_fallback as fb;
 use tokio::time::Instant;
 
 use crate::alg::Algorithm;
-use crate::backend::{CipherParams, SharedBackend};
+use crate::backend::{AnyContext as Ctx, Backend, CipherParams};
 use crate::buffer::IoBuf;
 use crate::cost::{Cost, Direction};
 use crate::error::BackendError;
 use crate::key::SecretKey;
-use crate::offload::{Inner, Offload};
+use crate::slot::{SlotId, Slots};
 
 /// Wall time calibration may spend on one backend (all its algorithms).
 pub const BUDGET: Duration = Duration::from_millis(200);
@@ -38,13 +36,6 @@ pub const BUDGET: Duration = Duration::from_millis(200);
 const SMALL: usize = 64;
 const LARGE: usize = 64 * 1024;
 const LARGEST: usize = 16 << 20;
-
-/// A key every algorithm accepts (distinct XTS halves).
-fn test_key(len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(97).wrapping_add(13))
-        .collect()
-}
 
 fn pairs(supports: impl Fn(Algorithm) -> bool) -> Vec<(Algorithm, Direction)> {
     let mut out = Vec::new();
@@ -57,14 +48,16 @@ fn pairs(supports: impl Fn(Algorithm) -> bool) -> Vec<(Algorithm, Direction)> {
     out
 }
 
-pub(crate) async fn run(offload: &Offload) {
-    let inner = offload.inner();
-    calibrate_cpu(inner);
-    for slot in 1..=inner.backends.len() {
-        let backend = inner.backends[slot - 1].clone();
-        if let Err(e) = calibrate_engine(inner, slot, &backend).await {
+/// Measures every slot's costs (see the module docs).
+pub(crate) async fn run(slots: &Slots) {
+    calibrate_cpu(slots);
+    for id in slots.engine_ids() {
+        let Some(backend) = slots[id].backend().cloned() else {
+            continue;
+        };
+        if let Err(e) = calibrate_engine(slots, id, &*backend).await {
             tracing::warn!(backend = backend.name(), error = %e, "calibration failed");
-            offload.shared().failed(slot, &e);
+            slots.failed(id, &e);
         }
     }
 }
@@ -93,14 +86,17 @@ fn time_inline(len: usize, budget: Duration, mut f: impl FnMut(&mut [u8])) -> f6
     best
 }
 
-fn calibrate_cpu(inner: &Inner) {
+fn calibrate_cpu(slots: &Slots) {
     let all = pairs(|_| true);
     let per = BUDGET / (2 * all.len() as u32);
     for (alg, dir) in all {
         let enc = dir == Direction::Encrypt;
         let (small, large) = match alg {
             Algorithm::Cipher(c) => {
-                let Ok(k) = inner.cpu.cipher(c, &test_key(c.key_len())) else {
+                let Ok(k) = slots
+                    .cpu
+                    .cipher(c, SecretKey::for_tests(c.key_len()).expose())
+                else {
                     continue;
                 };
                 let run = |len| {
@@ -112,7 +108,10 @@ fn calibrate_cpu(inner: &Inner) {
                 (run(SMALL), run(LARGE))
             }
             Algorithm::Aead(a) => {
-                let Ok(k) = inner.cpu.aead(a, &test_key(a.key_len())) else {
+                let Ok(k) = slots
+                    .cpu
+                    .aead(a, SecretKey::for_tests(a.key_len()).expose())
+                else {
                     continue;
                 };
                 let seal = |len| {
@@ -146,34 +145,14 @@ fn calibrate_cpu(inner: &Inner) {
         };
         let (fixed, per_byte) = Cost::fit((SMALL, small), (LARGE, large));
         // On the CPU, latency is CPU time; it serves one request per core.
-        let cores = u32::try_from(inner.cores).unwrap_or(u32::MAX);
-        inner.models[0]
-            .entry(alg, dir)
-            .set(Cost::new(fixed, per_byte, fixed, per_byte, cores));
+        let cores = u32::try_from(slots.cores).unwrap_or(u32::MAX);
+        slots.set_cost(
+            SlotId::CPU,
+            alg,
+            dir,
+            Cost::new(fixed, per_byte, fixed, per_byte, cores),
+        );
     }
-}
-
-/// A keyed context on an engine, for one algorithm.
-enum Ctx {
-    Cipher(Box<dyn crate::backend::CipherContext>),
-    Aead(Box<dyn crate::backend::AeadContext>),
-    Crc(Box<dyn crate::backend::CrcContext>),
-}
-
-async fn open(backend: &SharedBackend, alg: Algorithm) -> Result<Ctx, BackendError> {
-    Ok(match alg {
-        Algorithm::Cipher(c) => {
-            let key = SecretKey::new(&test_key(c.key_len()))
-                .ok_or(BackendError::Unsupported("key".into()))?;
-            Ctx::Cipher(backend.open_cipher(c, &key).await?)
-        }
-        Algorithm::Aead(a) => {
-            let key = SecretKey::new(&test_key(a.key_len()))
-                .ok_or(BackendError::Unsupported("key".into()))?;
-            Ctx::Aead(backend.open_aead(a, &key).await?)
-        }
-        Algorithm::Crc(c) => Ctx::Crc(backend.open_crc(c).await?),
-    })
 }
 
 /// One request on an engine context; the buffer comes back (or the error).
@@ -313,11 +292,12 @@ async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
 }
 
 async fn calibrate_engine(
-    inner: &Inner,
-    slot: usize,
-    backend: &SharedBackend,
+    slots: &Slots,
+    id: SlotId,
+    backend: &dyn Backend,
 ) -> Result<(), BackendError> {
-    let all = pairs(|a| backend.supports(a));
+    let slot = &slots[id];
+    let all = pairs(|a| slot.runs(a));
     let started = Instant::now();
     let mut contexts: Vec<(Algorithm, Ctx)> = Vec::new();
     // Measured once: the queues are the engine's, whatever the algorithm.
@@ -332,8 +312,8 @@ async fn calibrate_engine(
             if let Some(c) = last {
                 // The closest entry's costs, with this algorithm's own
                 // operation size.
-                let c = c.with_operation_len(backend.operation_len(alg));
-                inner.set_cost(slot, alg, dir, c);
+                let c = c.with_operation_len(slot.limits(alg).and_then(|l| l.operation_len));
+                slots.set_cost(id, alg, dir, c);
             }
             continue;
         }
@@ -348,7 +328,7 @@ async fn calibrate_engine(
         let ctx = match contexts.iter().position(|(a, _)| *a == alg) {
             Some(k) => &contexts[k].1,
             None => {
-                contexts.push((alg, open(backend, alg).await?));
+                contexts.push((alg, Ctx::open(backend, alg).await?));
                 let ctx = &contexts[contexts.len() - 1].1;
                 // The first request may pay a resume: keep it out of the timings.
                 request(ctx, dir, SMALL).await?;
@@ -359,8 +339,11 @@ async fn calibrate_engine(
         let reps = ((remaining() / 4.0 / one.max(1.0)) as usize).clamp(1, 8);
         let small = time_engine(ctx, dir, SMALL, reps).await?;
         // Within the backend's largest request.
-        let operation = backend.operation_len(alg);
-        let max = inner.max_request[slot][crate::cost::key(alg, dir) / 2]
+        let limits = slot.limits(alg).copied().unwrap_or_default();
+        let operation = limits.operation_len;
+        let max = limits
+            .max_request
+            .unwrap_or(usize::MAX)
             .min(operation.unwrap_or(usize::MAX));
         let mut len = LARGE.min(max).max(SMALL + 1);
         let mut large = time_engine(ctx, dir, len, 1).await?;
@@ -389,7 +372,7 @@ async fn calibrate_engine(
             }
             _ => None,
         };
-        let (cpu_fixed, cpu_per_byte) = match backend.declared_cpu_cost(alg) {
+        let (cpu_fixed, cpu_per_byte) = match limits.cpu_cost {
             Some((fixed, per_byte)) => (fixed.as_nanos() as f64, per_byte),
             None => fit_cpu((SMALL, &small), (len, &large)),
         };
@@ -415,123 +398,21 @@ async fn calibrate_engine(
             cpu_per_byte,
             parallelism.unwrap_or(1),
         );
-        if let Some(depth) = backend.queue_depth() {
+        if let Some(depth) = limits.queue_depth {
             cost = cost.with_queue_depth(u32::try_from(depth).unwrap_or(u32::MAX));
         }
         cost = cost
             .with_operation_len(operation)
             .with_op_fixed_ns(op_fixed);
-        inner.set_cost(slot, alg, dir, cost);
+        slots.set_cost(id, alg, dir, cost);
         last = Some(cost);
     }
     if let Some(power) = backend.power() {
-        inner.models[slot]
+        slot.model
             .resume_ns
             .set(power.stats().last_resume.as_nanos() as f64);
     }
     Ok(())
-}
-
-/// Probes `slot` until it works again, then closes its breaker. Stops when
-/// the `Offload` is dropped.
-pub(crate) fn spawn_probe(inner: Arc<Inner>, slot: usize) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        inner.breakers[slot].probe_by_traffic(inner.probe_interval);
-        return;
-    };
-    let weak: Weak<Inner> = Arc::downgrade(&inner);
-    let first = inner.probe_interval;
-    drop(inner);
-    runtime.spawn(async move {
-        let mut wait = first;
-        loop {
-            tokio::time::sleep(wait).await;
-            let Some(inner) = weak.upgrade() else { return };
-            let backend = inner.backends[slot - 1].clone();
-            match probe(&backend).await {
-                Ok(()) => {
-                    tracing::info!(
-                        backend = backend.name(),
-                        "probe succeeded; closing the circuit"
-                    );
-                    inner.breakers[slot].close();
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(backend = backend.name(), error = %e, "probe failed");
-                    wait = wait.saturating_mul(2).min(first.saturating_mul(32));
-                }
-            }
-        }
-    });
-}
-
-/// A small known-answer request on the first algorithm the backend runs,
-/// checked against the CPU.
-async fn probe(backend: &SharedBackend) -> Result<(), BackendError> {
-    let Some(alg) = Algorithm::all().find(|&a| backend.supports(a)) else {
-        return Ok(());
-    };
-    let wrong = || BackendError::Other("probe: wrong result".into());
-    let data: Vec<u8> = (0..64u8).collect();
-    match open(backend, alg).await? {
-        Ctx::Cipher(c) => {
-            let Algorithm::Cipher(a) = alg else {
-                return Err(wrong());
-            };
-            let params = CipherParams::new([5; 16], data.len());
-            let got = c
-                .encrypt(params, IoBuf::from(data.clone()))
-                .await
-                .map_err(|f| f.error)?;
-            let cpu = crate::cpu::CpuBackend::new()
-                .cipher(a, &test_key(a.key_len()))
-                .map_err(|e| BackendError::Other(Box::new(e)))?;
-            let mut want = data;
-            cpu.run(true, &params, &mut want)
-                .map_err(|e| BackendError::Other(Box::new(e)))?;
-            if Vec::from(got) == want {
-                Ok(())
-            } else {
-                Err(wrong())
-            }
-        }
-        Ctx::Aead(g) => {
-            let Algorithm::Aead(a) = alg else {
-                return Err(wrong());
-            };
-            let (ct, tag) = g
-                .seal([5; 12], b"probe", IoBuf::from(data.clone()))
-                .await
-                .map_err(|f| f.error)?;
-            let cpu = crate::cpu::CpuBackend::new()
-                .aead(a, &test_key(a.key_len()))
-                .map_err(|e| BackendError::Other(Box::new(e)))?;
-            let mut want = data;
-            let want_tag = cpu
-                .seal_in_place_detached(&[5; 12], b"probe", &mut want)
-                .map_err(|e| BackendError::Other(Box::new(e)))?;
-            if Vec::from(ct) == want && tag == want_tag {
-                Ok(())
-            } else {
-                Err(wrong())
-            }
-        }
-        Ctx::Crc(c) => {
-            let Algorithm::Crc(a) = alg else {
-                return Err(wrong());
-            };
-            let (_, crc) = c
-                .checksum(IoBuf::from(data.clone()))
-                .await
-                .map_err(|f| f.error)?;
-            if crc == fb::checksum(a, &data) {
-                Ok(())
-            } else {
-                Err(wrong())
-            }
-        }
-    }
 }
 
 #[cfg(test)]

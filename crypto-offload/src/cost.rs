@@ -179,6 +179,12 @@ pub(crate) fn key(alg: Algorithm, dir: Direction) -> usize {
     2 * a + usize::from(dir == Direction::Decrypt)
 }
 
+/// The algorithm's index in per-algorithm tables (`key(alg, _) / 2`).
+#[inline]
+pub(crate) fn alg_index(alg: Algorithm) -> usize {
+    key(alg, Direction::Encrypt) / 2
+}
+
 /// (algorithm, direction) of a table index.
 pub(crate) fn unkey(k: usize) -> (Algorithm, Direction) {
     let dir = if k.is_multiple_of(2) {
@@ -335,7 +341,7 @@ pub(crate) struct Model {
     pub(crate) in_flight: AtomicUsize,
     pub(crate) resume_ns: AtomicF64,
     /// Time requests would have saved on this engine, had it been powered,
-    /// since it was last woken for one (see `Inner::rent_or_buy`).
+    /// since it was last woken for one (see `select::rent_or_buy`).
     pub(crate) regret_ns: AtomicF64,
     /// The CPU's only: what a job sent to tokio's blocking pool takes beyond
     /// its inline service time (the hand-off to a pool thread, the wake-up

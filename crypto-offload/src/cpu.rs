@@ -10,9 +10,10 @@ use fb::Implementation;
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 use crate::backend::{
-    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed,
+    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed, Limits,
 };
 use crate::buffer::IoBuf;
+use crate::cost::{Cost, Direction};
 use crate::error::{BackendError, Error};
 use crate::key::SecretKey;
 
@@ -326,8 +327,8 @@ impl Backend for CpuBackend {
         BackendKind::Cpu
     }
 
-    fn supports(&self, _alg: Algorithm) -> bool {
-        true
+    fn limits(&self, _alg: Algorithm) -> Option<Limits> {
+        Some(Limits::new())
     }
 
     async fn open_cipher(
@@ -353,4 +354,84 @@ impl Backend for CpuBackend {
     async fn open_crc(&self, alg: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
         Ok(Box::new(CrcCtx(alg)))
     }
+}
+
+/// A CPU job predicted to take at least this long leaves the async worker
+/// for the blocking pool. The hand-off costs ~30 µs of latency (measured
+/// with `offload bench`: a 256 KiB CRC-32C took 41 µs through the pool and
+/// 5 µs inline; a 1 MiB XTS unit ran at 3.3 GB/s through it against 4.2
+/// inline), so a job must be long for the hand-off to be small beside it.
+pub(crate) const CPU_BLOCKING_NS: f64 = 500_000.0;
+
+/// Each part of a job split over cores should be at least this long: a
+/// scoped thread costs ~30–50 µs to start and join.
+pub(crate) const CPU_SPLIT_PART_NS: f64 = 250_000.0;
+
+/// No CPU request shorter than this leaves the calling task.
+pub(crate) const BLOCKING_MIN_LEN: usize = 64 * 1024;
+
+/// Rough single-core rates (bytes/ns) when the CPU model is uncalibrated:
+/// the build machines' numbers from the fallback's README, rounded down.
+fn default_rate(alg: Algorithm, dir: Direction) -> f64 {
+    match alg {
+        Algorithm::Crc(_) => 40.0,
+        Algorithm::Aead(_) => 8.0,
+        Algorithm::Cipher(c) => match (c.mode(), dir) {
+            (CipherMode::Cbc, Direction::Encrypt) => 0.8,
+            (CipherMode::Cbc, Direction::Decrypt) => 6.0,
+            (CipherMode::Ctr, _) => 6.0,
+            _ => 3.0,
+        },
+    }
+}
+
+/// The predicted inline time of a `len`-byte CPU request: from the CPU's
+/// measured `cost` if there is one, else from a default rate.
+pub(crate) fn inline_ns(cost: Option<Cost>, alg: Algorithm, dir: Direction, len: usize) -> f64 {
+    match cost {
+        Some(c) => c.latency_ns(len),
+        None => len as f64 / default_rate(alg, dir),
+    }
+}
+
+/// Whether a CPU request of `len` bytes predicted (uncorrected) at `ns`
+/// inline goes to the blocking pool, inside a runtime — and so pays the
+/// learned hand-off ([`Model::observe_handoff`]).
+///
+/// [`Model::observe_handoff`]: crate::cost::Model::observe_handoff
+#[inline]
+pub(crate) fn blocks(len: usize, ns: f64) -> bool {
+    len >= BLOCKING_MIN_LEN && ns >= CPU_BLOCKING_NS
+}
+
+/// How a CPU request of `len` bytes runs: `None` inline, or `Some(parts)`
+/// on the blocking pool in that many pieces (only inside a tokio runtime),
+/// given the CPU's measured `cost` (if any) and the cores it may use.
+#[inline]
+pub(crate) fn plan(
+    cost: impl FnOnce() -> Option<Cost>,
+    cores: usize,
+    alg: Algorithm,
+    dir: Direction,
+    len: usize,
+) -> Option<usize> {
+    // Cheap exit for the common small request.
+    if len < BLOCKING_MIN_LEN {
+        return None;
+    }
+    plan_large(cost(), cores, alg, dir, len)
+}
+
+fn plan_large(
+    cost: Option<Cost>,
+    cores: usize,
+    alg: Algorithm,
+    dir: Direction,
+    len: usize,
+) -> Option<usize> {
+    let ns = inline_ns(cost, alg, dir, len);
+    if !blocks(len, ns) || tokio::runtime::Handle::try_current().is_err() {
+        return None;
+    }
+    Some(((ns / CPU_SPLIT_PART_NS) as usize).clamp(1, cores.clamp(1, 8)))
 }

@@ -30,6 +30,20 @@ impl SecretKey {
         Some(SecretKey { bytes, len })
     }
 
+    /// A fixed, public key of `len` bytes (at most [`MAX_KEY_LEN`]) that
+    /// every algorithm of that key length accepts (its XTS halves differ):
+    /// for calibration and probes, whose data is not secret.
+    pub(crate) fn for_tests(len: usize) -> Self {
+        let mut bytes = [0u8; MAX_KEY_LEN];
+        for (i, b) in bytes.iter_mut().enumerate().take(len.min(MAX_KEY_LEN)) {
+            *b = (i as u8).wrapping_mul(97).wrapping_add(13);
+        }
+        SecretKey {
+            bytes,
+            len: len.min(MAX_KEY_LEN) as u8,
+        }
+    }
+
     /// The key bytes.
     pub fn expose(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]

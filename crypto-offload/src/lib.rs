@@ -13,10 +13,12 @@ mod cpu;
 mod error;
 mod key;
 mod offload;
+mod policy;
 mod power;
 mod select;
 mod session;
 mod sim;
+mod slot;
 #[cfg(feature = "vfio")]
 mod vfio;
 
@@ -29,7 +31,7 @@ pub use af_alg::{
 };
 pub use alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 pub use backend::{
-    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed,
+    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed, Limits,
     SharedBackend,
 };
 pub use buffer::{Buffer, IoBuf};
@@ -39,8 +41,9 @@ pub use crypto_offload_fallback::Implementation;
 pub use error::{BackendError, Error, LengthRule, RequestError};
 pub use key::{MAX_KEY_LEN, SecretKey};
 pub use offload::{BackendInfo, BackendStats, Offload, OffloadBuilder};
+pub use policy::{ParsePolicyError, Policy};
 pub use power::{PowerControl, PowerDomain, PowerRef, PowerStats};
-pub use select::{Candidate, Explanation, ParsePolicyError, Policy};
+pub use select::{Candidate, Explanation};
 pub use session::{
     AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
 };

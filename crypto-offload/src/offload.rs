@@ -2,82 +2,39 @@
 
 use core::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crypto_offload_fallback::Implementation;
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CrcAlg};
 use crate::backend::{BackendKind, SharedBackend};
-use crate::breaker::Breaker;
-use crate::cost::{Direction, Model, Profile, ProfileEntry};
+use crate::cost::{Direction, Profile, ProfileEntry};
 use crate::cpu::CpuBackend;
-use crate::error::{BackendError, Error};
+use crate::error::Error;
+use crate::policy::Policy;
 use crate::power::PowerStats;
-use crate::select::{Explanation, Policy};
+use crate::select::{Explanation, Request};
 use crate::session::{AeadSession, CipherSession, CrcSession};
+use crate::slot::{SlotId, Slots};
 
 /// The engines this process may use, and the policy for choosing among them.
 ///
-/// A plain value, like a rustls `CryptoProvider`: build one with
-/// [`Offload::discover`] or [`Offload::builder`], and hand it (or clones of
-/// it — cloning is an `Arc` bump) to whatever opens sessions. There is no
-/// hidden global. `Offload` is `Send + Sync`.
+/// A handle, not a plain value: build one with [`Offload::discover`] or
+/// [`Offload::builder`] and hand clones of it (an `Arc` bump) to whatever
+/// opens sessions. Clones — and every session opened from them — share one
+/// learning cost model, the circuit breakers with their probe tasks, and
+/// the counters [`backends`](Offload::backends) reports; an `Offload` built
+/// separately shares nothing. There is no hidden global. `Offload` is
+/// `Send + Sync`; its backends (and their probe tasks) are released when
+/// the last clone and the last session are dropped.
 ///
 /// The CPU backend is always present and runs every algorithm. With other
 /// backends, each request goes where the cost model and the [`Policy`] say
 /// ([`explain`](Offload::explain) shows why), unless sessions are pinned.
 #[derive(Clone)]
 pub struct Offload {
-    inner: Arc<Inner>,
-}
-
-/// Slot 0 is the CPU; slot `i > 0` is `backends[i - 1]`.
-pub(crate) struct Inner {
-    pub(crate) cpu: CpuBackend,
-    pub(crate) backends: Vec<SharedBackend>,
-    /// The slot every session is pinned to, if any.
-    pub(crate) pinned: Option<usize>,
-    pub(crate) policy: Policy,
-    pub(crate) models: Vec<Model>,
-    pub(crate) breakers: Vec<Breaker>,
-    pub(crate) stats: Vec<Counters>,
-    /// Cores the CPU path may use at once.
-    pub(crate) cores: usize,
-    pub(crate) probe_interval: Duration,
-    /// `supported[slot][algorithm index]`, asked of each backend once.
-    pub(crate) supported: Vec<Box<[bool]>>,
-    /// `max_request[slot][algorithm index]`: the largest request the backend
-    /// takes (`usize::MAX` for no limit), asked once.
-    pub(crate) max_request: Vec<Box<[usize]>>,
-    /// `per_unit[slot][algorithm index]`: the backend takes one data unit
-    /// per operation (see [`crate::Backend::one_operation_per_unit`]).
-    pub(crate) per_unit: Vec<Box<[bool]>>,
-    /// `multiple[slot][algorithm index]`: the lengths (or data units) the
-    /// backend takes are multiples of this (see
-    /// [`crate::Backend::length_multiple`]).
-    pub(crate) multiple: Vec<Box<[usize]>>,
-    /// Per (algorithm, direction): requests shorter than this run on the CPU
-    /// under the Latency policy without weighing the engines (kept by
-    /// [`Inner::refresh_cpu_bound`]).
-    pub(crate) cpu_bound: Box<[AtomicU64]>,
-}
-
-/// Per-slot counters.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) requests: AtomicU64,
-    pub(crate) bytes: AtomicU64,
-    pub(crate) failures: AtomicU64,
-    pub(crate) replayed: AtomicU64,
-}
-
-impl Counters {
-    #[inline]
-    pub(crate) fn served(&self, len: usize) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(len as u64, Ordering::Relaxed);
-    }
+    slots: Arc<Slots>,
 }
 
 /// One backend of an `Offload`, as [`Offload::backends`] lists it.
@@ -175,7 +132,7 @@ impl Offload {
         let profiled = builder.profile.is_some();
         let offload = builder.build()?;
         // With the CPU alone there is nothing to choose between.
-        if !offload.inner.backends.is_empty() && !profiled {
+        if offload.slots.has_engines() && !profiled {
             offload.calibrate().await?;
         }
         Ok(offload)
@@ -224,24 +181,24 @@ impl Offload {
     /// # Cancel safety
     /// Dropping the future leaves the entries measured so far in place.
     pub async fn calibrate(&self) -> Result<(), Error> {
-        crate::calibrate::run(self).await;
+        crate::calibrate::run(&self.slots).await;
         Ok(())
     }
 
     /// The measured model, as a profile to save and load later.
     pub fn profile(&self) -> Profile {
-        let inner = &self.inner;
         let mut entries = Vec::new();
-        for (slot, model) in inner.models.iter().enumerate() {
-            for (k, e) in model.entries.iter().enumerate() {
+        for id in self.slots.ids() {
+            let slot = &self.slots[id];
+            for (k, e) in slot.model.entries.iter().enumerate() {
                 let Some(cost) = e.cost() else { continue };
                 let (alg, dir) = crate::cost::unkey(k);
                 entries.push(ProfileEntry {
-                    backend: inner.slot_name(slot).to_owned(),
+                    backend: slot.name().to_owned(),
                     alg: alg.name().to_owned(),
                     dir,
                     cost,
-                    resume_ns: model.resume_ns.get(),
+                    resume_ns: slot.model.resume_ns.get(),
                 });
             }
         }
@@ -251,7 +208,7 @@ impl Offload {
     /// Which backend a `len`-byte request of `alg` would run on now, and
     /// every candidate's predicted latency and CPU time.
     pub fn explain(&self, alg: impl Into<Algorithm>, dir: Direction, len: usize) -> Explanation {
-        self.inner.explain(alg.into(), dir, len)
+        crate::select::explain(&self.slots, alg.into(), dir, len)
     }
 
     /// The smallest request size at which the selector would leave the CPU
@@ -260,7 +217,11 @@ impl Offload {
     /// that leaves the CPU and the one before it.)
     pub fn break_even(&self, alg: impl Into<Algorithm>, dir: Direction) -> Option<usize> {
         let alg = alg.into();
-        let on_engine = |len| self.inner.choose(alg, dir, len).0 != 0;
+        let on_engine = |len| {
+            !crate::select::choose(&self.slots, Request::new(alg, dir, len))
+                .0
+                .is_cpu()
+        };
         // The first power of two that leaves the CPU, then bisect below it.
         let mut hi = (0..=30).map(|k| 1usize << k).find(|&len| on_engine(len))?;
         let mut lo = hi / 2;
@@ -276,7 +237,7 @@ impl Offload {
 
     /// The policy.
     pub fn policy(&self) -> Policy {
-        self.inner.policy
+        self.slots.policy
     }
 
     /// Opens a cipher session for `alg` keyed with `key`.
@@ -290,7 +251,7 @@ impl Offload {
     /// # Cancel safety
     /// Dropping the future before it completes opens nothing.
     pub async fn cipher(&self, alg: CipherAlg, key: &[u8]) -> Result<CipherSession, Error> {
-        CipherSession::start(self.clone(), alg, key).await
+        CipherSession::start(self.slots.clone(), alg, key).await
     }
 
     /// Opens an AEAD session for `alg` keyed with `key`.
@@ -301,7 +262,7 @@ impl Offload {
     /// # Cancel safety
     /// Dropping the future before it completes opens nothing.
     pub async fn aead(&self, alg: AeadAlg, key: &[u8]) -> Result<AeadSession, Error> {
-        AeadSession::start(self.clone(), alg, key).await
+        AeadSession::start(self.slots.clone(), alg, key).await
     }
 
     /// Opens a CRC session for `alg`.
@@ -313,92 +274,58 @@ impl Offload {
     /// # Cancel safety
     /// Dropping the future before it completes opens nothing.
     pub async fn crc(&self, alg: CrcAlg) -> Result<CrcSession, Error> {
-        CrcSession::start(self.clone(), alg).await
+        CrcSession::start(self.slots.clone(), alg).await
     }
 
     /// The backends, CPU first, with their state and what they served.
     pub fn backends(&self) -> Vec<BackendInfo> {
-        let inner = &self.inner;
-        (0..=inner.backends.len())
-            .map(|slot| {
-                let (kind, algorithms, power) = if slot == 0 {
-                    (BackendKind::Cpu, Algorithm::all().collect(), None)
-                } else {
-                    let b = &inner.backends[slot - 1];
-                    (
-                        b.kind(),
-                        Algorithm::all().filter(|&a| b.supports(a)).collect(),
-                        b.power().map(|p| p.stats()),
-                    )
-                };
-                let calibrated = inner.models[slot]
-                    .entries
-                    .iter()
-                    .any(|e| e.cost().is_some());
-                let unavailable = inner.breakers[slot]
+        let slots = &self.slots;
+        slots
+            .ids()
+            .map(|id| {
+                let slot = &slots[id];
+                let unavailable = slot
+                    .breaker
                     .reason()
                     .map(|r| format!("circuit open: {r}"))
                     .or_else(|| {
-                        (slot > 0 && !calibrated && inner.pinned != Some(slot)).then(|| {
-                            "not calibrated: run Offload::calibrate or load a profile".to_owned()
-                        })
+                        (!id.is_cpu() && !slot.calibrated() && slots.pinned != Some(id)).then(
+                            || {
+                                "not calibrated: run Offload::calibrate or load a profile"
+                                    .to_owned()
+                            },
+                        )
                     });
-                let c = &inner.stats[slot];
+                let c = &slot.counters;
                 BackendInfo {
-                    name: inner.slot_name(slot).to_owned(),
-                    kind,
-                    algorithms,
-                    pinned: inner.pinned == Some(slot),
+                    name: slot.name().to_owned(),
+                    kind: slot.kind(),
+                    algorithms: Algorithm::all().filter(|&a| slot.runs(a)).collect(),
+                    pinned: slots.pinned == Some(id),
                     unavailable,
-                    power,
+                    power: slot.backend().and_then(|b| b.power()).map(|p| p.stats()),
                     stats: BackendStats {
                         requests: c.requests.load(Ordering::Relaxed),
                         bytes: c.bytes.load(Ordering::Relaxed),
                         failures: c.failures.load(Ordering::Relaxed),
                         replayed: c.replayed.load(Ordering::Relaxed),
-                        breaker_opened: inner.breakers[slot].opened.load(Ordering::Relaxed),
-                        breaker_closed: inner.breakers[slot].closed.load(Ordering::Relaxed),
+                        breaker_opened: slot.breaker.opened.load(Ordering::Relaxed),
+                        breaker_closed: slot.breaker.closed.load(Ordering::Relaxed),
                     },
                 }
             })
             .collect()
     }
-
-    pub(crate) fn inner(&self) -> &Inner {
-        &self.inner
-    }
-
-    pub(crate) fn shared(&self) -> &Arc<Inner> {
-        &self.inner
-    }
-}
-
-impl Inner {
-    /// Records that `slot` failed a request (or a probe): counts it, and
-    /// opens its breaker, starting the probe task if none runs.
-    pub(crate) fn failed(self: &Arc<Self>, slot: usize, error: &BackendError) {
-        self.stats[slot].failures.fetch_add(1, Ordering::Relaxed);
-        // `Unsupported` from a request is its shape (an AF_ALG engine's
-        // operation limit, say), not a failing device: replayed, but the
-        // engine stays in service.
-        let refused = matches!(error, BackendError::Unsupported(_));
-        if slot == 0 || refused || !self.breakers[slot].trip(error.to_string()) {
-            return;
-        }
-        crate::calibrate::spawn_probe(self.clone(), slot);
-    }
 }
 
 impl fmt::Debug for Offload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let inner = &self.inner;
-        let names: Vec<&str> = (0..=inner.backends.len())
-            .map(|s| inner.slot_name(s))
-            .collect();
+        let slots = &self.slots;
+        let names: Vec<&str> = slots.ids().map(|id| slots[id].name()).collect();
         f.debug_struct("Offload")
             .field("backends", &names)
-            .field("policy", &inner.policy)
-            .field("pinned", &inner.pinned.map(|s| inner.slot_name(s)))
+            .field("policy", &slots.policy)
+            .field("pinned", &slots.pinned.map(|id| slots[id].name()))
             .finish()
     }
 }
@@ -498,95 +425,37 @@ impl OffloadBuilder {
     /// [`Error::UnknownBackend`] if [`pin`](Self::pin) names no backend, or
     /// if two backends share a name.
     pub fn build(self) -> Result<Offload, Error> {
-        let mut names: Vec<String> = vec![CpuBackend::NAME.to_owned()];
-        for b in &self.backends {
-            if names.iter().any(|n| n == b.name()) {
-                return Err(Error::UnknownBackend(format!(
-                    "{} (registered twice)",
-                    b.name()
-                )));
-            }
-            names.push(b.name().to_owned());
-        }
-        let pinned = match self.pin.as_deref() {
-            None => None,
-            Some(name) => Some(
-                names
-                    .iter()
-                    .position(|n| n == name)
-                    .ok_or_else(|| Error::UnknownBackend(name.to_owned()))?,
-            ),
-        };
-        let slots = names.len();
         let cores = self
             .cores
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let supported = std::iter::once(Algorithm::all().map(|_| true).collect())
-            .chain(
-                self.backends
-                    .iter()
-                    .map(|b| Algorithm::all().map(|a| b.supports(a)).collect()),
-            )
-            .collect();
-        let max_request = std::iter::once(Algorithm::all().map(|_| usize::MAX).collect())
-            .chain(self.backends.iter().map(|b| {
-                Algorithm::all()
-                    .map(|a| b.max_request(a).unwrap_or(usize::MAX))
-                    .collect()
-            }))
-            .collect();
-        let per_unit = std::iter::once(Algorithm::all().map(|_| false).collect())
-            .chain(self.backends.iter().map(|b| {
-                Algorithm::all()
-                    .map(|a| b.one_operation_per_unit(a))
-                    .collect()
-            }))
-            .collect();
-        let multiple = std::iter::once(Algorithm::all().map(|_| 1).collect())
-            .chain(self.backends.iter().map(|b| {
-                Algorithm::all()
-                    .map(|a| b.length_multiple(a).max(1))
-                    .collect()
-            }))
-            .collect();
-        let inner = Inner {
-            supported,
-            max_request,
-            per_unit,
-            multiple,
-            cpu: self.cpu,
-            backends: self.backends,
-            pinned,
-            policy: self.policy,
-            models: (0..slots).map(|_| Model::default()).collect(),
-            cpu_bound: (0..crate::cost::KEYS).map(|_| AtomicU64::new(0)).collect(),
-            breakers: (0..slots).map(|_| Breaker::default()).collect(),
-            stats: (0..slots).map(|_| Counters::default()).collect(),
+        let slots = Slots::new(
+            self.cpu,
+            self.backends,
+            self.pin.as_deref(),
+            self.policy,
             cores,
-            probe_interval: self.probe_interval,
-        };
+            self.probe_interval,
+        )
+        .map_err(Error::UnknownBackend)?;
         if let Some(profile) = &self.profile {
             for e in &profile.entries {
-                let (Some(slot), Some(alg)) = (
-                    names.iter().position(|n| *n == e.backend),
-                    Profile::alg(&e.alg),
-                ) else {
+                let (Some(id), Some(alg)) = (slots.find(&e.backend), Profile::alg(&e.alg)) else {
                     continue;
                 };
                 // The backend says how it splits requests today (a profile
                 // saved before it did reads as unsplit).
-                let cost = match slot {
-                    0 => e.cost,
-                    _ => e
-                        .cost
-                        .with_operation_len(inner.backends[slot - 1].operation_len(alg)),
+                let cost = if id == SlotId::CPU {
+                    e.cost
+                } else {
+                    e.cost
+                        .with_operation_len(slots[id].limits(alg).and_then(|l| l.operation_len))
                 };
-                inner.set_cost(slot, alg, e.dir, cost);
-                inner.models[slot].resume_ns.set(e.resume_ns);
+                slots.set_cost(id, alg, e.dir, cost);
+                slots[id].model.resume_ns.set(e.resume_ns);
             }
         }
         Ok(Offload {
-            inner: Arc::new(inner),
+            slots: Arc::new(slots),
         })
     }
 }

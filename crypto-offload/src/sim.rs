@@ -37,7 +37,7 @@ use tokio::time::Instant;
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 use crate::backend::{
-    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed,
+    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed, Limits,
 };
 use crate::buffer::IoBuf;
 use crate::cpu::{CpuBackend, CpuCipher};
@@ -886,30 +886,28 @@ impl Backend for SimEngine {
     }
 
     fn kind(&self) -> BackendKind {
-        BackendKind::Simulated
+        BackendKind::Other
     }
 
-    fn supports(&self, alg: Algorithm) -> bool {
-        self.shared.config.algorithms.contains(&alg)
-    }
-
-    fn power(&self) -> Option<&PowerDomain> {
-        self.shared.power.as_ref()
-    }
-
-    fn queue_depth(&self) -> Option<usize> {
+    fn limits(&self, alg: Algorithm) -> Option<Limits> {
         let c = &self.shared.config;
-        Some(c.queues * c.queue_depth)
-    }
-
-    fn declared_cpu_cost(&self, _alg: Algorithm) -> Option<(Duration, f64)> {
+        if !c.algorithms.contains(&alg) {
+            return None;
+        }
+        let limits = Limits::new().with_queue_depth(c.queues * c.queue_depth);
         // Computing real results is the simulator's own CPU work, which the
         // modelled engine would not do: declare the model's cost instead of
         // letting calibration measure it. Without results there is no such
         // artefact, and calibration measures what requests really cost.
-        let c = &self.shared.config;
-        c.compute_results
-            .then_some((c.submit_cpu.saturating_add(c.completion_cpu), 0.0))
+        Some(if c.compute_results {
+            limits.with_cpu_cost(c.submit_cpu.saturating_add(c.completion_cpu), 0.0)
+        } else {
+            limits
+        })
+    }
+
+    fn power(&self) -> Option<&PowerDomain> {
+        self.shared.power.as_ref()
     }
 
     async fn open_cipher(

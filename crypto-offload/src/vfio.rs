@@ -11,7 +11,7 @@ use crypto_offload_vfio as vfio;
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 use crate::backend::{
-    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed,
+    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed, Limits,
 };
 use crate::buffer::IoBuf;
 use crate::error::BackendError;
@@ -184,53 +184,35 @@ impl Backend for VfioBackend {
         BackendKind::Device
     }
 
-    fn supports(&self, alg: Algorithm) -> bool {
-        matches!(alg, Algorithm::Cipher(c) if self.supported.contains(&c))
+    fn limits(&self, alg: Algorithm) -> Option<Limits> {
+        let Algorithm::Cipher(c) = alg else {
+            return None;
+        };
+        if !self.supported.contains(&c) {
+            return None;
+        }
+        let max = self.device.limits().max_request;
+        // More wait for room in the ring (back-pressure, never lost); the
+        // selector sends no more than it holds.
+        let limits = Limits::new().with_queue_depth(self.device.queue_depth());
+        Some(if c.mode() == CipherMode::Xts {
+            // One tweak per request: an XTS data unit goes whole, up to
+            // what the device takes (validated at open). QEMU's builtin
+            // backend has no XTS ciphertext stealing ("Length 20 must be a
+            // multiple of block size 16", measured).
+            limits
+                .with_one_operation_per_unit()
+                .with_max_request(max)
+                .with_length_multiple(16)
+        } else {
+            // Longer CBC and CTR requests go in chained pieces of this size
+            // (CTR tails are padded by the driver).
+            limits.with_operation_len(max)
+        })
     }
 
     fn power(&self) -> Option<&PowerDomain> {
         Some(&self.power)
-    }
-
-    fn queue_depth(&self) -> Option<usize> {
-        // More wait for room in the ring (back-pressure, never lost); the
-        // selector sends no more than it holds.
-        Some(self.device.queue_depth())
-    }
-
-    fn max_request(&self, alg: Algorithm) -> Option<usize> {
-        // One tweak per request: an XTS data unit goes whole, up to what
-        // the device takes (validated at open).
-        match alg {
-            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => {
-                Some(self.device.limits().max_request)
-            }
-            _ => None,
-        }
-    }
-
-    fn one_operation_per_unit(&self, alg: Algorithm) -> bool {
-        matches!(alg, Algorithm::Cipher(c) if c.mode() == CipherMode::Xts)
-    }
-
-    fn length_multiple(&self, alg: Algorithm) -> usize {
-        // QEMU's builtin backend has no XTS ciphertext stealing ("Length 20
-        // must be a multiple of block size 16", measured); CTR tails are
-        // padded by the driver.
-        match alg {
-            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => 16,
-            _ => 1,
-        }
-    }
-
-    fn operation_len(&self, alg: Algorithm) -> Option<usize> {
-        // Longer CBC and CTR requests go in chained pieces of this size.
-        match alg {
-            Algorithm::Cipher(c) if c.mode() != CipherMode::Xts => {
-                Some(self.device.limits().max_request)
-            }
-            _ => None,
-        }
     }
 
     async fn open_cipher(

@@ -55,9 +55,16 @@ fn discovery_opens_every_device_or_says_why_there_is_none() {
                         CipherAlg::Aes256Ctr,
                         CipherAlg::Aes256Xts,
                     ] {
-                        assert!(b.supports(Algorithm::Cipher(alg)), "{} {alg:?}", b.name());
+                        assert!(
+                            b.limits(Algorithm::Cipher(alg)).is_some(),
+                            "{} {alg:?}",
+                            b.name()
+                        );
                     }
-                    assert!(!b.supports(Algorithm::Aead(crypto_offload::AeadAlg::Aes128Gcm)));
+                    assert!(
+                        b.limits(Algorithm::Aead(crypto_offload::AeadAlg::Aes128Gcm))
+                            .is_none()
+                    );
                 }
             }
         }
@@ -394,7 +401,7 @@ fn hot_unplug_under_load_loses_nothing_and_the_device_comes_back() {
         assert!(until(10, || std::path::Path::new("/dev/vfio").join(&group).exists()).await);
         // And it works.
         let again = VfioBackend::open(&address).await.unwrap();
-        assert!(again.supports(Algorithm::Cipher(CipherAlg::Aes128Cbc)));
+        assert!(again.limits(Algorithm::Cipher(CipherAlg::Aes128Cbc)).is_some());
         // The device back in place, the verdicts on the unplug.
         assert!(removed, "the device never left sysfs");
         assert!(loaded && before >= 100, "fewer than 100 in flight at device_del: {before}");
@@ -724,7 +731,11 @@ fn overload_through_offload_pinned_and_behind_the_selector() {
             .collect();
         let depth = devices
             .iter()
-            .map(|d| d.queue_depth().unwrap())
+            .map(|d| {
+                d.limits(Algorithm::Cipher(CipherAlg::Aes128Cbc))
+                    .and_then(|l| l.queue_depth)
+                    .unwrap()
+            })
             .max()
             .unwrap();
         let engines: Vec<SharedBackend> =

@@ -2,28 +2,25 @@
 
 use core::fmt;
 use core::future::Future;
-use core::mem;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 
 use std::sync::Arc;
 
 use crypto_offload_fallback::{GCM_MAX_LEN, Gcm};
-use tracing::Instrument;
 use zeroize::Zeroize;
 
-use super::{
-    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_plan, inline_cpu, poll_cpu_job, session_key,
-    spend_budget,
-};
+use super::request::{CpuJob, OpenContext, Operation, Request};
+use super::{BoxedRequest, Contexts, session_key};
 use crate::alg::{AeadAlg, Algorithm};
-use crate::backend::{AeadContext, Failed};
+use crate::backend::{AeadContext, Failed, SharedBackend};
 use crate::buffer::{Buffer, IoBuf};
 use crate::cost::Direction;
 use crate::cpu::map_error;
 use crate::error::{BackendError, Error, LengthRule, RequestError};
 use crate::key::SecretKey;
-use crate::offload::Offload;
+use crate::select::Request as Asked;
+use crate::slot::Slots;
 
 /// A detached AEAD tag.
 pub type Tag = [u8; 16];
@@ -56,25 +53,25 @@ pub struct AeadSession {
     alg: AeadAlg,
     cpu: Arc<Gcm>,
     key: SecretKey,
-    engines: Engines<dyn AeadContext>,
-    offload: Offload,
+    contexts: Contexts<dyn AeadContext>,
+    slots: Arc<Slots>,
 }
 
 impl fmt::Debug for AeadSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AeadSession")
             .field("alg", &self.alg)
-            .field("engines", &self.engines.open_on(self.offload.inner()))
+            .field("engines", &self.contexts.open_on(&self.slots))
             .finish_non_exhaustive()
     }
 }
 
 impl AeadSession {
-    pub(crate) async fn start(offload: Offload, alg: AeadAlg, key: &[u8]) -> Result<Self, Error> {
+    pub(crate) async fn start(slots: Arc<Slots>, alg: AeadAlg, key: &[u8]) -> Result<Self, Error> {
         let secret = session_key(alg.into(), alg.key_len(), key)?;
-        let cpu = Arc::new(offload.inner().cpu.aead(alg, key)?);
+        let cpu = Arc::new(slots.cpu.aead(alg, key)?);
         let key = secret;
-        let engines = Engines::open(&offload, alg.into(), |b| {
+        let contexts = Contexts::open(&slots, alg.into(), |b| {
             let key = key.clone();
             async move { b.open_aead(alg, &key).await }
         })
@@ -83,8 +80,8 @@ impl AeadSession {
             alg,
             cpu,
             key,
-            engines,
-            offload,
+            contexts,
+            slots,
         })
     }
 
@@ -95,8 +92,8 @@ impl AeadSession {
 
     /// The backend a request of `len` bytes would go to now.
     pub fn backend_for(&self, dir: Direction, len: usize) -> &str {
-        let inner = self.offload.inner();
-        inner.slot_name(inner.choose(self.alg.into(), dir, len).0)
+        let asked = Asked::new(self.alg.into(), dir, len);
+        self.slots[crate::select::choose(&self.slots, asked).0].name()
     }
 
     /// Encrypts `buf` in place and appends the 16-byte tag.
@@ -124,11 +121,14 @@ impl AeadSession {
         aad: &'a [u8],
         buf: B,
     ) -> SealDetached<'a, B> {
-        SealDetached {
-            session: self,
-            aad,
-            state: SealState::Start { nonce, buf },
-        }
+        SealDetached(Request::new(
+            SealOp {
+                session: self,
+                aad,
+                nonce,
+            },
+            buf,
+        ))
     }
 
     /// Verifies and decrypts `buf` = ciphertext ‖ 16-byte tag; returns the
@@ -144,15 +144,15 @@ impl AeadSession {
     /// As for [`seal`](Self::seal). No plaintext is ever observable before
     /// the tag has verified.
     pub fn open<'a, B: Buffer>(&'a self, nonce: &'a [u8], aad: &'a [u8], buf: B) -> Open<'a, B> {
-        Open {
-            session: self,
-            aad,
-            state: OpenState::Start {
+        Open(Request::new(
+            OpenOp {
+                session: self,
+                aad,
                 nonce,
-                buf,
                 tag: None,
             },
-        }
+            buf,
+        ))
     }
 
     /// Verifies `tag` and decrypts `buf` in place.
@@ -170,15 +170,15 @@ impl AeadSession {
         buf: B,
         tag: &'a [u8],
     ) -> Open<'a, B> {
-        Open {
-            session: self,
-            aad,
-            state: OpenState::Start {
+        Open(Request::new(
+            OpenOp {
+                session: self,
+                aad,
                 nonce,
-                buf,
                 tag: Some(tag),
             },
-        }
+            buf,
+        ))
     }
 
     #[inline]
@@ -229,61 +229,6 @@ impl AeadSession {
     }
 }
 
-impl AeadSession {
-    fn seal_future<'a>(
-        &'a self,
-        slot: usize,
-        nonce: [u8; 12],
-        aad: &'a [u8],
-        io: IoBuf,
-    ) -> EngineFuture<'a, (IoBuf, Tag)> {
-        let backend = &self.offload.inner().backends[slot - 1];
-        let span =
-            tracing::trace_span!("seal", backend = backend.name(), alg = %self.alg, len = io.len());
-        let cell = self.engines.cell(slot);
-        let fut: BoxedRequest<'a, (IoBuf, Tag)> = match cell.get() {
-            Some(ctx) => ctx.seal(nonce, aad, io),
-            None => Box::pin(async move {
-                match cell
-                    .get_or_try_init(|| backend.open_aead(self.alg, &self.key))
-                    .await
-                {
-                    Ok(ctx) => ctx.seal(nonce, aad, io).await,
-                    Err(e) => Err(Failed::new(e, io)),
-                }
-            }),
-        };
-        fut.instrument(span)
-    }
-
-    fn open_future<'a>(
-        &'a self,
-        slot: usize,
-        nonce: [u8; 12],
-        aad: &'a [u8],
-        io: IoBuf,
-        tag: Tag,
-    ) -> EngineFuture<'a, IoBuf> {
-        let backend = &self.offload.inner().backends[slot - 1];
-        let span =
-            tracing::trace_span!("open", backend = backend.name(), alg = %self.alg, len = io.len());
-        let cell = self.engines.cell(slot);
-        let fut: BoxedRequest<'a, IoBuf> = match cell.get() {
-            Some(ctx) => ctx.open(nonce, aad, io, tag),
-            None => Box::pin(async move {
-                match cell
-                    .get_or_try_init(|| backend.open_aead(self.alg, &self.key))
-                    .await
-                {
-                    Ok(ctx) => ctx.open(nonce, aad, io, tag).await,
-                    Err(e) => Err(Failed::new(e, io)),
-                }
-            }),
-        };
-        fut.instrument(span)
-    }
-}
-
 /// A buffer a backend failed to authenticate, zeroed again here so that a
 /// careless backend cannot release plaintext.
 fn wiped<B: Buffer>(io: IoBuf) -> B {
@@ -292,175 +237,33 @@ fn wiped<B: Buffer>(io: IoBuf) -> B {
     buf
 }
 
-/// The future of [`AeadSession::seal_detached`].
-#[must_use = "futures do nothing unless awaited"]
-pub struct SealDetached<'a, B> {
-    session: &'a AeadSession,
-    aad: &'a [u8],
-    state: SealState<'a, B>,
-}
-
-type SealJob<B> = tokio::task::JoinHandle<(Result<Tag, crypto_offload_fallback::Error>, B)>;
-
-/// Only `Start` is on the inline CPU path; a request sent to an engine or
-/// the blocking pool is boxed (one allocation beside that round trip), so
-/// that the future stays small and cheap to move.
-enum SealState<'a, B> {
-    Start { nonce: &'a [u8], buf: B },
-    Away(Box<SealAway<'a, B>>),
-    Done,
-}
-
-/// A seal on an engine or the blocking pool.
-struct SealAway<'a, B> {
-    dispatch: Dispatch<'a>,
-    /// For the replay on the CPU if the engine fails the request.
-    nonce: [u8; 12],
-    on: On<'a, SealJob<B>, (IoBuf, Tag)>,
-}
-
-/// Where a request sent away runs.
-enum On<'a, J, T> {
-    Engine(EngineFuture<'a, T>),
-    Cpu(J),
-}
-
-impl<'a, B: Buffer> SealDetached<'a, B> {
-    /// Polls a request sent away, keeping it while it is pending.
-    fn poll_away(
-        &mut self,
-        mut away: Box<SealAway<'a, B>>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(B, Tag), RequestError<B>>> {
-        let (session, aad) = (self.session, self.aad);
-        let done = match &mut away.on {
-            On::Cpu(job) => poll_cpu_job(job, cx, session.alg.into())
-                .map(|r| Ok(r.map(|(tag, buf)| (buf, tag)))),
-            On::Engine(fut) => match Pin::new(fut).poll(cx) {
-                Poll::Pending => None,
-                Poll::Ready(Ok((io, tag))) => Some(Ok(Ok((B::from_io(io), tag)))),
-                Poll::Ready(Err(failed)) => Some(Err(failed)),
-            },
-        };
-        let Some(done) = done else {
-            self.state = SealState::Away(away);
-            return Poll::Pending;
-        };
-        let SealAway {
-            dispatch, nonce, ..
-        } = *away;
-        Poll::Ready(match done {
-            Ok(Ok(sealed)) => {
-                dispatch.completed();
-                Ok(sealed)
-            }
-            Ok(Err(e)) => Err(e),
-            Err(failed) => {
-                dispatch.failed(&failed.error);
-                session.seal_cpu(&nonce, aad, B::from_io(failed.buf))
-            }
-        })
-    }
-}
-
 /// The threads a blocking-pool GCM job runs on: the plan's parts, where
 /// splitting GCM pays (see `Gcm::PARALLEL_MIN_THREADS`), else one.
-fn gcm_threads(plan: Option<usize>) -> usize {
-    match plan {
-        Some(parts) if parts >= Gcm::PARALLEL_MIN_THREADS => parts,
-        _ => 1,
+fn gcm_threads(offered: usize) -> usize {
+    if offered >= Gcm::PARALLEL_MIN_THREADS {
+        offered
+    } else {
+        1
     }
 }
 
-/// Sends a seal to an engine (`slot` > 0) or the blocking pool.
-#[cold]
-#[inline(never)]
-fn send_seal<'a, B: Buffer>(
-    session: &'a AeadSession,
-    aad: &'a [u8],
-    nonce: [u8; 12],
-    mut buf: B,
-    slot: usize,
-    threads: usize,
-    predicted: Option<crate::select::Prediction>,
-) -> Box<SealAway<'a, B>> {
-    let inner = session.offload.shared();
-    let len = buf.bytes_mut().len();
-    let dispatch = Dispatch::new(
-        inner,
-        slot,
-        session.alg.into(),
-        Direction::Encrypt,
-        len,
-        predicted,
-    )
-    .unobserved_if(threads > 1 || session.engines.opens_first(slot));
-    let on = if slot == 0 {
-        let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
-        On::Cpu(tokio::task::spawn_blocking(move || {
-            (
-                cpu.seal_in_place_detached_parallel(&nonce, &aad, buf.bytes_mut(), threads),
-                buf,
-            )
-        }))
-    } else {
-        On::Engine(session.seal_future(slot, nonce, aad, buf.into_io()))
-    };
-    Box::new(SealAway {
-        dispatch,
-        nonce,
-        on,
-    })
-}
+/// The future of [`AeadSession::seal_detached`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct SealDetached<'a, B: Buffer>(Request<'a, SealOp<'a>, B>);
 
 impl<B: Buffer> Future for SealDetached<'_, B> {
     type Output = Result<(B, Tag), RequestError<B>>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let (session, aad) = (this.session, this.aad);
-        let (nonce, mut buf) = match mem::replace(&mut this.state, SealState::Done) {
-            SealState::Start { nonce, buf } => (nonce, buf),
-            SealState::Away(away) => return this.poll_away(away, cx),
-            SealState::Done => panic!("SealDetached polled after it completed"),
-        };
-        let alg = session.alg.into();
-        let len = buf.bytes_mut().len();
-        let inner = session.offload.shared();
-        if !spend_budget(cx, inner, 0, alg, Direction::Encrypt, len) {
-            this.state = SealState::Start { nonce, buf };
-            return Poll::Pending;
-        }
-        let nonce = match session.check(nonce, len) {
-            Ok(n) => n,
-            Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
-        };
-        let (slot, predicted) = inner.decide(alg, Direction::Encrypt, len, len);
-        let plan = if slot == 0 {
-            cpu_plan(inner, alg, Direction::Encrypt, len)
-        } else {
-            None
-        };
-        if slot == 0 && plan.is_none() {
-            return Poll::Ready(inline_cpu(
-                inner,
-                alg,
-                Direction::Encrypt,
-                len,
-                predicted,
-                || session.seal_cpu(&nonce, aad, buf),
-            ));
-        }
-        let away = send_seal(session, aad, nonce, buf, slot, gcm_threads(plan), predicted);
-        this.poll_away(away, cx)
+        Pin::new(&mut self.get_mut().0).poll(cx)
     }
 }
 
 /// The future of [`AeadSession::seal`]: [`SealDetached`] with the tag
 /// appended to the buffer.
 #[must_use = "futures do nothing unless awaited"]
-pub struct Seal<'a, B>(SealDetached<'a, B>);
+pub struct Seal<'a, B: Buffer>(SealDetached<'a, B>);
 
 impl<B: Buffer> Future for Seal<'_, B> {
     type Output = Result<B, RequestError<B>>;
@@ -479,235 +282,20 @@ impl<B: Buffer> Future for Seal<'_, B> {
 /// The future of [`AeadSession::open`] and
 /// [`open_detached`](AeadSession::open_detached).
 #[must_use = "futures do nothing unless awaited"]
-pub struct Open<'a, B> {
-    session: &'a AeadSession,
-    aad: &'a [u8],
-    state: OpenState<'a, B>,
-}
-
-type OpenJob<B> = tokio::task::JoinHandle<(Result<(), crypto_offload_fallback::Error>, B)>;
-
-/// Only `Start` is on the inline CPU path; a request sent away is boxed.
-enum OpenState<'a, B> {
-    /// `tag`: detached, or `None` for the buffer's last 16 bytes.
-    Start {
-        nonce: &'a [u8],
-        buf: B,
-        tag: Option<&'a [u8]>,
-    },
-    Away(Box<OpenAway<'a, B>>),
-    Done,
-}
-
-/// An open on an engine or the blocking pool.
-struct OpenAway<'a, B> {
-    dispatch: Dispatch<'a>,
-    /// For the replay on the CPU if the engine fails the request.
-    nonce: [u8; 12],
-    tag: Tag,
-    on: On<'a, OpenJob<B>, IoBuf>,
-}
-
-impl<B: Buffer> Open<'_, B> {
-    /// Validates the request and takes the tag (off the buffer's end if it
-    /// is not detached).
-    fn start(
-        session: &AeadSession,
-        nonce: &[u8],
-        mut buf: B,
-        tag: Option<&[u8]>,
-    ) -> Result<([u8; 12], Tag, B), RequestError<B>> {
-        let alg = session.alg.into();
-        // Nothing is changed in `buf` until every check has passed: on a
-        // parameter error the caller gets it back as it was.
-        let (tag, ct_len) = match tag {
-            Some(t) => match <Tag>::try_from(t) {
-                Ok(t) => (t, buf.bytes_mut().len()),
-                Err(_) => {
-                    let e = Error::TagLength {
-                        alg,
-                        len: t.len(),
-                        expected: 16,
-                    };
-                    return Err(RequestError::new(e, buf));
-                }
-            },
-            None => {
-                let len = buf.bytes_mut().len();
-                let Some(ct_len) = len.checked_sub(16) else {
-                    let e = Error::TagLength {
-                        alg,
-                        len,
-                        expected: 16,
-                    };
-                    return Err(RequestError::new(e, buf));
-                };
-                let mut t = [0u8; 16];
-                t.copy_from_slice(&buf.bytes_mut()[ct_len..]);
-                (t, ct_len)
-            }
-        };
-        let nonce = match session.check(nonce, ct_len) {
-            Ok(nonce) => nonce,
-            Err(e) => return Err(RequestError::new(e, buf)),
-        };
-        if ct_len < buf.bytes_mut().len() {
-            buf.shorten(ct_len);
-        }
-        Ok((nonce, tag, buf))
-    }
-}
-
-impl<'a, B: Buffer> Open<'a, B> {
-    /// Polls a request sent away, keeping it while it is pending.
-    fn poll_away(
-        &mut self,
-        mut away: Box<OpenAway<'a, B>>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<B, RequestError<B>>> {
-        let (session, aad) = (self.session, self.aad);
-        let done = match &mut away.on {
-            On::Cpu(job) => {
-                poll_cpu_job(job, cx, session.alg.into()).map(|r| Ok(r.map(|((), buf)| buf)))
-            }
-            On::Engine(fut) => match Pin::new(fut).poll(cx) {
-                Poll::Pending => None,
-                Poll::Ready(Ok(io)) => Some(Ok(Ok(B::from_io(io)))),
-                // The data's fault, not the engine's: no breaker.
-                Poll::Ready(Err(failed))
-                    if matches!(failed.error, BackendError::Authentication) =>
-                {
-                    Some(Ok(Err(RequestError::new(
-                        Error::Authentication,
-                        wiped(failed.buf),
-                    ))))
-                }
-                Poll::Ready(Err(failed)) => Some(Err(failed)),
-            },
-        };
-        let Some(done) = done else {
-            self.state = OpenState::Away(away);
-            return Poll::Pending;
-        };
-        let OpenAway {
-            dispatch,
-            nonce,
-            tag,
-            ..
-        } = *away;
-        Poll::Ready(match done {
-            // A tag that does not verify is a completed request too.
-            Ok(result) => {
-                dispatch.completed();
-                result
-            }
-            Err(failed) => {
-                dispatch.failed(&failed.error);
-                session.open_cpu(&nonce, aad, B::from_io(failed.buf), &tag)
-            }
-        })
-    }
-}
-
-/// Sends an open to an engine (`slot` > 0) or the blocking pool.
-#[cold]
-#[inline(never)]
-fn send_open<'a, B: Buffer>(
-    session: &'a AeadSession,
-    aad: &'a [u8],
-    (nonce, tag): ([u8; 12], Tag),
-    mut buf: B,
-    slot: usize,
-    threads: usize,
-    predicted: Option<crate::select::Prediction>,
-) -> Box<OpenAway<'a, B>> {
-    let inner = session.offload.shared();
-    let len = buf.bytes_mut().len();
-    let dispatch = Dispatch::new(
-        inner,
-        slot,
-        session.alg.into(),
-        Direction::Decrypt,
-        len,
-        predicted,
-    )
-    .unobserved_if(threads > 1 || session.engines.opens_first(slot));
-    let on = if slot == 0 {
-        let (cpu, aad) = (session.cpu.clone(), aad.to_vec());
-        On::Cpu(tokio::task::spawn_blocking(move || {
-            (
-                cpu.open_in_place_detached_parallel(&nonce, &aad, buf.bytes_mut(), &tag, threads),
-                buf,
-            )
-        }))
-    } else {
-        On::Engine(session.open_future(slot, nonce, aad, buf.into_io(), tag))
-    };
-    Box::new(OpenAway {
-        dispatch,
-        nonce,
-        tag,
-        on,
-    })
-}
+pub struct Open<'a, B: Buffer>(Request<'a, OpenOp<'a>, B>);
 
 impl<B: Buffer> Future for Open<'_, B> {
     type Output = Result<B, RequestError<B>>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let (session, aad) = (this.session, this.aad);
-        let (nonce, mut buf, tag) = match mem::replace(&mut this.state, OpenState::Done) {
-            OpenState::Start { nonce, buf, tag } => (nonce, buf, tag),
-            OpenState::Away(away) => return this.poll_away(away, cx),
-            OpenState::Done => panic!("Open polled after it completed"),
-        };
-        let alg = session.alg.into();
-        let len = buf.bytes_mut().len();
-        let inner = session.offload.shared();
-        if !spend_budget(cx, inner, 0, alg, Direction::Decrypt, len) {
-            this.state = OpenState::Start { nonce, buf, tag };
-            return Poll::Pending;
-        }
-        let (nonce, tag, buf) = match Self::start(session, nonce, buf, tag) {
-            Ok(v) => v,
-            Err(e) => return Poll::Ready(Err(e)),
-        };
-        let mut buf = buf;
-        let len = buf.bytes_mut().len();
-        let (slot, predicted) = inner.decide(alg, Direction::Decrypt, len, len);
-        let plan = if slot == 0 {
-            cpu_plan(inner, alg, Direction::Decrypt, len)
-        } else {
-            None
-        };
-        if slot == 0 && plan.is_none() {
-            return Poll::Ready(inline_cpu(
-                inner,
-                alg,
-                Direction::Decrypt,
-                len,
-                predicted,
-                || session.open_cpu(&nonce, aad, buf, &tag),
-            ));
-        }
-        let away = send_open(
-            session,
-            aad,
-            (nonce, tag),
-            buf,
-            slot,
-            gcm_threads(plan),
-            predicted,
-        );
-        this.poll_away(away, cx)
+        Pin::new(&mut self.get_mut().0).poll(cx)
     }
 }
 
 macro_rules! debug_request {
     ($($t:ident),*) => {$(
-        impl<B> fmt::Debug for $t<'_, B> {
+        impl<B: Buffer> fmt::Debug for $t<'_, B> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.debug_struct(stringify!($t)).finish_non_exhaustive()
             }
@@ -715,3 +303,232 @@ macro_rules! debug_request {
     )*};
 }
 debug_request!(SealDetached, Seal, Open);
+
+/// A seal: its session, nonce and associated data.
+#[derive(Clone, Copy)]
+pub(crate) struct SealOp<'a> {
+    session: &'a AeadSession,
+    aad: &'a [u8],
+    nonce: &'a [u8],
+}
+
+impl<'a, B: Buffer> Operation<'a, B> for SealOp<'a> {
+    type Params = [u8; 12];
+    type Ctx = dyn AeadContext;
+    type EngineOut = (IoBuf, Tag);
+    type JobOut = Tag;
+    type Output = (B, Tag);
+    type Caller = (&'a AeadSession, &'a [u8]);
+    const NAME: &'static str = "seal";
+
+    #[inline]
+    fn alg(&self) -> Algorithm {
+        self.session.alg.into()
+    }
+
+    #[inline]
+    fn dir(&self) -> Direction {
+        Direction::Encrypt
+    }
+
+    #[inline]
+    fn slots(&self) -> &'a Arc<Slots> {
+        &self.session.slots
+    }
+
+    fn contexts(&self) -> &'a Contexts<dyn AeadContext> {
+        &self.session.contexts
+    }
+
+    #[inline]
+    fn check(&mut self, buf: &mut B) -> Result<[u8; 12], Error> {
+        self.session.check(self.nonce, buf.bytes_mut().len())
+    }
+
+    #[inline]
+    fn run_cpu(&mut self, nonce: &[u8; 12], buf: B) -> Result<(B, Tag), RequestError<B>> {
+        self.session.seal_cpu(nonce, self.aad, buf)
+    }
+
+    fn cpu_parts(&self, _: &[u8; 12], _len: usize, offered: usize) -> usize {
+        gcm_threads(offered)
+    }
+
+    fn spawn_cpu(&self, nonce: [u8; 12], mut buf: B, threads: usize) -> CpuJob<Tag, B> {
+        let (cpu, aad) = (self.session.cpu.clone(), self.aad.to_vec());
+        tokio::task::spawn_blocking(move || {
+            let tag = cpu.seal_in_place_detached_parallel(&nonce, &aad, buf.bytes_mut(), threads);
+            (tag, buf)
+        })
+    }
+
+    fn job_done(&mut self, tag: Tag, buf: B) -> (B, Tag) {
+        (buf, tag)
+    }
+
+    fn caller(&self) -> Self::Caller {
+        (self.session, self.aad)
+    }
+
+    fn open_context(
+        (session, _): Self::Caller,
+        backend: &'a SharedBackend,
+    ) -> OpenContext<'a, dyn AeadContext> {
+        backend.open_aead(session.alg, &session.key)
+    }
+
+    fn call(
+        (_, aad): Self::Caller,
+        ctx: &'a dyn AeadContext,
+        nonce: [u8; 12],
+        io: IoBuf,
+    ) -> BoxedRequest<'a, (IoBuf, Tag)> {
+        ctx.seal(nonce, aad, io)
+    }
+
+    fn engine_done(
+        &mut self,
+        done: Result<(IoBuf, Tag), Failed>,
+    ) -> Result<Result<(B, Tag), RequestError<B>>, Failed> {
+        done.map(|(io, tag)| Ok((B::from_io(io), tag)))
+    }
+}
+
+/// An open: its session, nonce, associated data and tag (`None`: the
+/// buffer's last 16 bytes).
+#[derive(Clone, Copy)]
+pub(crate) struct OpenOp<'a> {
+    session: &'a AeadSession,
+    aad: &'a [u8],
+    nonce: &'a [u8],
+    tag: Option<&'a [u8]>,
+}
+
+impl<'a, B: Buffer> Operation<'a, B> for OpenOp<'a> {
+    type Params = ([u8; 12], Tag);
+    type Ctx = dyn AeadContext;
+    type EngineOut = IoBuf;
+    type JobOut = ();
+    type Output = B;
+    type Caller = (&'a AeadSession, &'a [u8]);
+    const NAME: &'static str = "open";
+
+    #[inline]
+    fn alg(&self) -> Algorithm {
+        self.session.alg.into()
+    }
+
+    #[inline]
+    fn dir(&self) -> Direction {
+        Direction::Decrypt
+    }
+
+    #[inline]
+    fn slots(&self) -> &'a Arc<Slots> {
+        &self.session.slots
+    }
+
+    fn contexts(&self) -> &'a Contexts<dyn AeadContext> {
+        &self.session.contexts
+    }
+
+    /// Validates the request and takes the tag (off the buffer's end if it
+    /// is not detached).
+    fn check(&mut self, buf: &mut B) -> Result<([u8; 12], Tag), Error> {
+        let alg = self.session.alg.into();
+        // Nothing is changed in `buf` until every check has passed: on a
+        // parameter error the caller gets it back as it was.
+        let (tag, ct_len) = match self.tag {
+            Some(t) => match <Tag>::try_from(t) {
+                Ok(t) => (t, buf.bytes_mut().len()),
+                Err(_) => {
+                    return Err(Error::TagLength {
+                        alg,
+                        len: t.len(),
+                        expected: 16,
+                    });
+                }
+            },
+            None => {
+                let len = buf.bytes_mut().len();
+                let Some(ct_len) = len.checked_sub(16) else {
+                    return Err(Error::TagLength {
+                        alg,
+                        len,
+                        expected: 16,
+                    });
+                };
+                let mut t = [0u8; 16];
+                t.copy_from_slice(&buf.bytes_mut()[ct_len..]);
+                (t, ct_len)
+            }
+        };
+        let nonce = self.session.check(self.nonce, ct_len)?;
+        if ct_len < buf.bytes_mut().len() {
+            buf.shorten(ct_len);
+        }
+        Ok((nonce, tag))
+    }
+
+    #[inline]
+    fn run_cpu(&mut self, (nonce, tag): &([u8; 12], Tag), buf: B) -> Result<B, RequestError<B>> {
+        self.session.open_cpu(nonce, self.aad, buf, tag)
+    }
+
+    fn cpu_parts(&self, _: &([u8; 12], Tag), _len: usize, offered: usize) -> usize {
+        gcm_threads(offered)
+    }
+
+    fn spawn_cpu(
+        &self,
+        (nonce, tag): ([u8; 12], Tag),
+        mut buf: B,
+        threads: usize,
+    ) -> CpuJob<(), B> {
+        let (cpu, aad) = (self.session.cpu.clone(), self.aad.to_vec());
+        tokio::task::spawn_blocking(move || {
+            let r =
+                cpu.open_in_place_detached_parallel(&nonce, &aad, buf.bytes_mut(), &tag, threads);
+            (r, buf)
+        })
+    }
+
+    fn job_done(&mut self, (): (), buf: B) -> B {
+        buf
+    }
+
+    fn caller(&self) -> Self::Caller {
+        (self.session, self.aad)
+    }
+
+    fn open_context(
+        (session, _): Self::Caller,
+        backend: &'a SharedBackend,
+    ) -> OpenContext<'a, dyn AeadContext> {
+        backend.open_aead(session.alg, &session.key)
+    }
+
+    fn call(
+        (_, aad): Self::Caller,
+        ctx: &'a dyn AeadContext,
+        (nonce, tag): ([u8; 12], Tag),
+        io: IoBuf,
+    ) -> BoxedRequest<'a, IoBuf> {
+        ctx.open(nonce, aad, io, tag)
+    }
+
+    fn engine_done(
+        &mut self,
+        done: Result<IoBuf, Failed>,
+    ) -> Result<Result<B, RequestError<B>>, Failed> {
+        match done {
+            Ok(io) => Ok(Ok(B::from_io(io))),
+            // The data's fault, not the engine's: no breaker, and a tag
+            // that does not verify is a completed request too.
+            Err(failed) if matches!(failed.error, BackendError::Authentication) => Ok(Err(
+                RequestError::new(Error::Authentication, wiped(failed.buf)),
+            )),
+            Err(failed) => Err(failed),
+        }
+    }
+}

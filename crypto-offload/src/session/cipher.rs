@@ -2,25 +2,21 @@
 
 use core::fmt;
 use core::future::Future;
-use core::mem;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::sync::Arc;
 
-use tracing::Instrument;
-
-use super::{
-    BoxedRequest, Dispatch, EngineFuture, Engines, cpu_plan, inline_cpu, poll_cpu_job, session_key,
-    spend_budget,
-};
+use super::request::{CpuJob, OpenContext, Operation, Request};
+use super::{BoxedRequest, Contexts, session_key};
 use crate::alg::{Algorithm, CipherAlg, CipherMode};
-use crate::backend::{CipherContext, CipherParams, Failed};
+use crate::backend::{CipherContext, CipherParams, Failed, SharedBackend};
 use crate::buffer::{Buffer, IoBuf};
 use crate::cost::Direction;
 use crate::cpu::{CpuCipher, map_error};
 use crate::error::{Error, LengthRule, RequestError};
 use crate::key::SecretKey;
-use crate::offload::Offload;
+use crate::select::Request as Asked;
+use crate::slot::Slots;
 
 /// A keyed cipher session.
 ///
@@ -47,8 +43,8 @@ pub struct CipherSession {
     data_unit: Option<usize>,
     cpu: Arc<CpuCipher>,
     key: SecretKey,
-    engines: Engines<dyn CipherContext>,
-    offload: Offload,
+    contexts: Contexts<dyn CipherContext>,
+    slots: Arc<Slots>,
 }
 
 impl fmt::Debug for CipherSession {
@@ -56,17 +52,21 @@ impl fmt::Debug for CipherSession {
         f.debug_struct("CipherSession")
             .field("alg", &self.alg)
             .field("data_unit", &self.data_unit)
-            .field("engines", &self.engines.open_on(self.offload.inner()))
+            .field("engines", &self.contexts.open_on(&self.slots))
             .finish_non_exhaustive()
     }
 }
 
 impl CipherSession {
-    pub(crate) async fn start(offload: Offload, alg: CipherAlg, key: &[u8]) -> Result<Self, Error> {
+    pub(crate) async fn start(
+        slots: Arc<Slots>,
+        alg: CipherAlg,
+        key: &[u8],
+    ) -> Result<Self, Error> {
         let secret = session_key(alg.into(), alg.key_len(), key)?;
-        let cpu = Arc::new(offload.inner().cpu.cipher(alg, key)?);
+        let cpu = Arc::new(slots.cpu.cipher(alg, key)?);
         let key = secret;
-        let engines = Engines::open(&offload, alg.into(), |b| {
+        let contexts = Contexts::open(&slots, alg.into(), |b| {
             let key = key.clone();
             async move { b.open_cipher(alg, &key).await }
         })
@@ -76,8 +76,8 @@ impl CipherSession {
             data_unit: None,
             cpu,
             key,
-            engines,
-            offload,
+            contexts,
+            slots,
         })
     }
 
@@ -88,9 +88,14 @@ impl CipherSession {
 
     /// The backend a request of `len` bytes would go to now.
     pub fn backend_for(&self, dir: Direction, len: usize) -> &str {
-        let inner = self.offload.inner();
         let unit = self.data_unit.unwrap_or(len);
-        inner.slot_name(inner.choose_unit(self.alg.into(), dir, len, unit).0)
+        let asked = Asked {
+            alg: self.alg.into(),
+            dir,
+            len,
+            unit,
+        };
+        self.slots[crate::select::choose(&self.slots, asked).0].name()
     }
 
     /// XTS: treats each request as consecutive data units of `len` bytes
@@ -134,7 +139,14 @@ impl CipherSession {
     /// lost to the caller.
     #[inline]
     pub fn encrypt<'a, B: Buffer>(&'a self, iv: &'a [u8], buf: B) -> CipherRequest<'a, B> {
-        CipherRequest::new(self, true, iv, buf)
+        CipherRequest(Request::new(
+            CipherOp {
+                session: self,
+                encrypt: true,
+                iv,
+            },
+            buf,
+        ))
     }
 
     /// Decrypts `buf` in place and returns it. See [`encrypt`](Self::encrypt).
@@ -146,7 +158,14 @@ impl CipherSession {
     /// As for [`encrypt`](Self::encrypt).
     #[inline]
     pub fn decrypt<'a, B: Buffer>(&'a self, iv: &'a [u8], buf: B) -> CipherRequest<'a, B> {
-        CipherRequest::new(self, false, iv, buf)
+        CipherRequest(Request::new(
+            CipherOp {
+                session: self,
+                encrypt: false,
+                iv,
+            },
+            buf,
+        ))
     }
 
     fn params(&self, iv: &[u8], len: usize) -> Result<CipherParams, Error> {
@@ -185,40 +204,6 @@ impl CipherSession {
             Err(e) => Err(RequestError::new(map_error(self.alg.into(), e), buf)),
         }
     }
-
-    /// The engine future for `slot`: the request on its context, opening the
-    /// context first if this is the session's first request there.
-    fn engine_future<'a>(
-        &'a self,
-        slot: usize,
-        encrypt: bool,
-        params: CipherParams,
-        io: IoBuf,
-    ) -> EngineFuture<'a, IoBuf> {
-        let inner = self.offload.inner();
-        let backend = &inner.backends[slot - 1];
-        let span = tracing::trace_span!("cipher", backend = backend.name(), alg = %self.alg, len = io.len(), encrypt);
-        let cell = self.engines.cell(slot);
-        let fut: BoxedRequest<'a, IoBuf> = match cell.get() {
-            Some(ctx) if encrypt => ctx.encrypt(params, io),
-            Some(ctx) => ctx.decrypt(params, io),
-            None => Box::pin(async move {
-                let ctx = match cell
-                    .get_or_try_init(|| backend.open_cipher(self.alg, &self.key))
-                    .await
-                {
-                    Ok(ctx) => ctx,
-                    Err(e) => return Err(Failed::new(e, io)),
-                };
-                if encrypt {
-                    ctx.encrypt(params, io).await
-                } else {
-                    ctx.decrypt(params, io).await
-                }
-            }),
-        };
-        fut.instrument(span)
-    }
 }
 
 /// The future of a [`CipherSession::encrypt`] or
@@ -227,176 +212,133 @@ impl CipherSession {
 /// A named, small future (not an `async fn`'s state machine): on the inline
 /// CPU path it does the work in its first poll and moves only the buffer.
 #[must_use = "futures do nothing unless awaited"]
-pub struct CipherRequest<'a, B> {
-    session: &'a CipherSession,
-    encrypt: bool,
-    state: State<'a, B>,
-}
-
-type CpuJob<B> = tokio::task::JoinHandle<(Result<(), crypto_offload_fallback::Error>, B)>;
-
-/// The request's state. Only `Start` is on the inline CPU path; a request
-/// sent to an engine or the blocking pool is boxed (one allocation beside
-/// that round trip), so that the future stays small and cheap to move.
-enum State<'a, B> {
-    Start { iv: &'a [u8], buf: B },
-    Away(Box<Away<'a, B>>),
-    Done,
-}
-
-/// A request on an engine or the blocking pool.
-struct Away<'a, B> {
-    dispatch: Dispatch<'a>,
-    /// For the replay on the CPU if the engine fails the request.
-    params: CipherParams,
-    on: On<'a, B>,
-}
-
-enum On<'a, B> {
-    Engine(EngineFuture<'a, IoBuf>),
-    Cpu(CpuJob<B>),
-}
-
-impl<'a, B: Buffer> CipherRequest<'a, B> {
-    fn new(session: &'a CipherSession, encrypt: bool, iv: &'a [u8], buf: B) -> Self {
-        CipherRequest {
-            session,
-            encrypt,
-            state: State::Start { iv, buf },
-        }
-    }
-
-    /// Polls a request sent away, keeping it while it is pending.
-    fn poll_away(
-        &mut self,
-        mut away: Box<Away<'a, B>>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<B, RequestError<B>>> {
-        let session = self.session;
-        let done = match &mut away.on {
-            On::Cpu(job) => {
-                poll_cpu_job(job, cx, session.alg.into()).map(|r| Ok(r.map(|((), buf)| buf)))
-            }
-            On::Engine(fut) => match Pin::new(fut).poll(cx) {
-                Poll::Pending => None,
-                Poll::Ready(Ok(io)) => Some(Ok(Ok(B::from_io(io)))),
-                Poll::Ready(Err(failed)) => Some(Err(failed)),
-            },
-        };
-        let Some(done) = done else {
-            self.state = State::Away(away);
-            return Poll::Pending;
-        };
-        let Away {
-            dispatch, params, ..
-        } = *away;
-        Poll::Ready(match done {
-            Ok(result) => {
-                dispatch.completed();
-                result
-            }
-            Err(failed) => {
-                dispatch.failed(&failed.error);
-                session.run_cpu(self.encrypt, &params, B::from_io(failed.buf))
-            }
-        })
-    }
-}
-
-/// Sends a request to an engine (`slot` > 0) or the blocking pool.
-#[cold]
-#[inline(never)]
-fn send_away<'a, B: Buffer>(
-    session: &'a CipherSession,
-    encrypt: bool,
-    params: CipherParams,
-    mut buf: B,
-    slot: usize,
-    plan: Option<usize>,
-    predicted: Option<crate::select::Prediction>,
-) -> Box<Away<'a, B>> {
-    let inner = session.offload.shared();
-    let dir = if encrypt {
-        Direction::Encrypt
-    } else {
-        Direction::Decrypt
-    };
-    let len = buf.bytes_mut().len();
-    // A job split over cores is not one core's service time; one that runs
-    // whole (CBC encryption, a single XTS unit) is, however many parts the
-    // plan offered.
-    let split =
-        plan.is_some_and(|p| p > 1) && session.cpu.split_step(encrypt, &params, len).is_some();
-    let dispatch = Dispatch::new(inner, slot, session.alg.into(), dir, len, predicted)
-        .unobserved_if(split || session.engines.opens_first(slot));
-    let on = if slot == 0 {
-        let cpu = session.cpu.clone();
-        let parts = plan.unwrap_or(1);
-        On::Cpu(tokio::task::spawn_blocking(move || {
-            let r = cpu.run_split(encrypt, &params, buf.bytes_mut(), parts);
-            (r, buf)
-        }))
-    } else {
-        On::Engine(session.engine_future(slot, encrypt, params, buf.into_io()))
-    };
-    Box::new(Away {
-        dispatch,
-        params,
-        on,
-    })
-}
-
-impl<B> fmt::Debug for CipherRequest<'_, B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CipherRequest")
-            .field("alg", &self.session.alg)
-            .field("encrypt", &self.encrypt)
-            .finish_non_exhaustive()
-    }
-}
+pub struct CipherRequest<'a, B: Buffer>(Request<'a, CipherOp<'a>, B>);
 
 impl<B: Buffer> Future for CipherRequest<'_, B> {
     type Output = Result<B, RequestError<B>>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let (session, encrypt) = (this.session, this.encrypt);
-        let (iv, mut buf) = match mem::replace(&mut this.state, State::Done) {
-            State::Start { iv, buf } => (iv, buf),
-            State::Away(away) => return this.poll_away(away, cx),
-            State::Done => panic!("CipherRequest polled after it completed"),
-        };
-        let dir = if encrypt {
+        Pin::new(&mut self.get_mut().0).poll(cx)
+    }
+}
+
+impl<B: Buffer> fmt::Debug for CipherRequest<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = self.0.op();
+        f.debug_struct("CipherRequest")
+            .field("alg", &op.session.alg)
+            .field("encrypt", &op.encrypt)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A cipher request: its session, direction and IV.
+#[derive(Clone, Copy)]
+pub(crate) struct CipherOp<'a> {
+    session: &'a CipherSession,
+    encrypt: bool,
+    iv: &'a [u8],
+}
+
+impl<'a, B: Buffer> Operation<'a, B> for CipherOp<'a> {
+    type Params = CipherParams;
+    type Ctx = dyn CipherContext;
+    type EngineOut = IoBuf;
+    type JobOut = ();
+    type Output = B;
+    type Caller = (&'a CipherSession, bool);
+    const NAME: &'static str = "cipher";
+
+    #[inline]
+    fn alg(&self) -> Algorithm {
+        self.session.alg.into()
+    }
+
+    #[inline]
+    fn dir(&self) -> Direction {
+        if self.encrypt {
             Direction::Encrypt
         } else {
             Direction::Decrypt
-        };
-        let alg = session.alg.into();
-        let len = buf.bytes_mut().len();
-        let inner = session.offload.shared();
-        if !spend_budget(cx, inner, 0, alg, dir, len) {
-            this.state = State::Start { iv, buf };
-            return Poll::Pending;
         }
-        let params = match session.params(iv, len) {
-            Ok(p) => p,
-            Err(e) => return Poll::Ready(Err(RequestError::new(e, buf))),
-        };
-        // XTS over several data units: params.data_unit (the whole request
+    }
+
+    #[inline]
+    fn slots(&self) -> &'a Arc<Slots> {
+        &self.session.slots
+    }
+
+    fn contexts(&self) -> &'a Contexts<dyn CipherContext> {
+        &self.session.contexts
+    }
+
+    #[inline]
+    fn check(&mut self, buf: &mut B) -> Result<CipherParams, Error> {
+        self.session.params(self.iv, buf.bytes_mut().len())
+    }
+
+    #[inline]
+    fn unit(params: &CipherParams, _len: usize) -> usize {
+        // XTS over several data units: the unit (the whole request
         // otherwise).
-        let (slot, predicted) = inner.decide(alg, dir, len, params.data_unit);
-        let plan = if slot == 0 {
-            cpu_plan(inner, alg, dir, len)
+        params.data_unit
+    }
+
+    #[inline]
+    fn run_cpu(&mut self, params: &CipherParams, buf: B) -> Result<B, RequestError<B>> {
+        self.session.run_cpu(self.encrypt, params, buf)
+    }
+
+    fn cpu_parts(&self, params: &CipherParams, len: usize, offered: usize) -> usize {
+        let splits = self
+            .session
+            .cpu
+            .split_step(self.encrypt, params, len)
+            .is_some();
+        if offered > 1 && splits { offered } else { 1 }
+    }
+
+    fn spawn_cpu(&self, params: CipherParams, mut buf: B, parts: usize) -> CpuJob<(), B> {
+        let (cpu, encrypt) = (self.session.cpu.clone(), self.encrypt);
+        tokio::task::spawn_blocking(move || {
+            let r = cpu.run_split(encrypt, &params, buf.bytes_mut(), parts);
+            (r, buf)
+        })
+    }
+
+    fn job_done(&mut self, (): (), buf: B) -> B {
+        buf
+    }
+
+    fn caller(&self) -> Self::Caller {
+        (self.session, self.encrypt)
+    }
+
+    fn open_context(
+        (session, _): Self::Caller,
+        backend: &'a SharedBackend,
+    ) -> OpenContext<'a, dyn CipherContext> {
+        backend.open_cipher(session.alg, &session.key)
+    }
+
+    fn call(
+        (_, encrypt): Self::Caller,
+        ctx: &'a dyn CipherContext,
+        params: CipherParams,
+        io: IoBuf,
+    ) -> BoxedRequest<'a, IoBuf> {
+        if encrypt {
+            ctx.encrypt(params, io)
         } else {
-            None
-        };
-        if slot == 0 && plan.is_none() {
-            return Poll::Ready(inline_cpu(inner, alg, dir, len, predicted, || {
-                session.run_cpu(encrypt, &params, buf)
-            }));
+            ctx.decrypt(params, io)
         }
-        let away = send_away(session, encrypt, params, buf, slot, plan, predicted);
-        this.poll_away(away, cx)
+    }
+
+    fn engine_done(
+        &mut self,
+        done: Result<IoBuf, Failed>,
+    ) -> Result<Result<B, RequestError<B>>, Failed> {
+        done.map(|io| Ok(B::from_io(io)))
     }
 }

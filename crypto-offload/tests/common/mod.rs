@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use async_trait::async_trait;
 use crypto_offload::{
     AeadAlg, AeadContext, Algorithm, Backend, BackendError, BackendKind, CipherAlg, CipherContext,
-    CipherParams, CpuBackend, CrcAlg, CrcContext, Failed, IoBuf, SecretKey,
+    CipherParams, CpuBackend, CrcAlg, CrcContext, Failed, IoBuf, Limits, SecretKey,
 };
 
 /// The CPU backend under another name and behind `dyn`: exercises the
@@ -199,17 +199,18 @@ impl Backend for Engine {
     fn kind(&self) -> BackendKind {
         BackendKind::Other
     }
-    fn supports(&self, alg: Algorithm) -> bool {
-        self.only.is_none_or(|a| a == alg)
-    }
-    fn one_operation_per_unit(&self, _alg: Algorithm) -> bool {
-        self.per_unit
-    }
-    fn length_multiple(&self, _alg: Algorithm) -> usize {
-        self.multiple
-    }
-    fn max_request(&self, _alg: Algorithm) -> Option<usize> {
-        self.max
+    fn limits(&self, alg: Algorithm) -> Option<Limits> {
+        if self.only.is_some_and(|a| a != alg) {
+            return None;
+        }
+        let mut limits = Limits::new().with_length_multiple(self.multiple);
+        if self.per_unit {
+            limits = limits.with_one_operation_per_unit();
+        }
+        if let Some(max) = self.max {
+            limits = limits.with_max_request(max);
+        }
+        Some(limits)
     }
     async fn open_cipher(
         &self,

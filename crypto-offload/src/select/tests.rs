@@ -1,0 +1,388 @@
+//! The selector's rules, each driven with hand-made costs: no calibration,
+//! no engine behind the slots (their contexts never open).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::alg::{AeadAlg, CipherAlg, CrcAlg};
+use crate::backend::{
+    AeadContext, Backend, BackendKind, CipherContext, CrcContext, Limits, SharedBackend,
+};
+use crate::cost::Cost;
+use crate::cpu::CpuBackend;
+use crate::error::BackendError;
+use crate::key::SecretKey;
+use crate::power::{PowerControl, PowerDomain};
+
+const CBC: Algorithm = Algorithm::Cipher(CipherAlg::Aes128Cbc);
+const XTS: Algorithm = Algorithm::Cipher(CipherAlg::Aes128Xts);
+const GCM: Algorithm = Algorithm::Aead(AeadAlg::Aes128Gcm);
+const CRC: Algorithm = Algorithm::Crc(CrcAlg::Crc32Iscsi);
+const ENC: Direction = Direction::Encrypt;
+
+/// A backend that is only a name, its limits and maybe a power domain.
+#[derive(Debug)]
+struct Fake {
+    name: &'static str,
+    limits: Limits,
+    runs: Vec<Algorithm>,
+    power: Option<PowerDomain>,
+}
+
+struct Switch;
+
+#[async_trait]
+impl PowerControl for Switch {
+    async fn power_on(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    async fn power_off(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Backend for Fake {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn kind(&self) -> BackendKind {
+        BackendKind::Other
+    }
+    fn limits(&self, alg: Algorithm) -> Option<Limits> {
+        self.runs.contains(&alg).then_some(self.limits)
+    }
+    fn power(&self) -> Option<&PowerDomain> {
+        self.power.as_ref()
+    }
+    async fn open_cipher(
+        &self,
+        _: CipherAlg,
+        _: &SecretKey,
+    ) -> Result<Box<dyn CipherContext>, BackendError> {
+        Err(BackendError::DeviceGone)
+    }
+    async fn open_aead(
+        &self,
+        _: AeadAlg,
+        _: &SecretKey,
+    ) -> Result<Box<dyn AeadContext>, BackendError> {
+        Err(BackendError::DeviceGone)
+    }
+    async fn open_crc(&self, _: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
+        Err(BackendError::DeviceGone)
+    }
+}
+
+fn engine(name: &'static str) -> Fake {
+    Fake {
+        name,
+        limits: Limits::new(),
+        runs: vec![CBC, XTS, GCM, CRC],
+        power: None,
+    }
+}
+
+/// A cold (powered-down) engine: its domain has never been resumed.
+fn cold(name: &'static str) -> Fake {
+    Fake {
+        power: Some(PowerDomain::new(name, Switch, Duration::from_secs(1))),
+        ..engine(name)
+    }
+}
+
+fn slots(policy: Policy, pin: Option<&str>, engines: Vec<Fake>) -> Slots {
+    let engines = engines
+        .into_iter()
+        .map(|e| Arc::new(e) as SharedBackend)
+        .collect();
+    Slots::new(
+        CpuBackend::new(),
+        engines,
+        pin,
+        policy,
+        2,
+        Duration::from_secs(3600),
+    )
+    .unwrap()
+}
+
+/// The CPU: 100 ns + 1 ns/B, all of it CPU time, two cores.
+fn cpu_cost() -> Cost {
+    Cost::new(100.0, 1.0, 100.0, 1.0, 2)
+}
+
+/// An engine: 10 µs + 0.1 ns/B of latency, 2 µs of CPU a request.
+fn engine_cost() -> Cost {
+    Cost::new(10_000.0, 0.1, 2_000.0, 0.0, 1)
+}
+
+fn id(slots: &Slots, name: &str) -> SlotId {
+    slots.find(name).unwrap()
+}
+
+fn name(slots: &Slots, (slot, _): Decision) -> &str {
+    slots[slot].name()
+}
+
+fn req(alg: Algorithm, len: usize) -> Request {
+    Request::new(alg, ENC, len)
+}
+
+/// Costs for CBC on the CPU and on every engine.
+fn costed(policy: Policy, pin: Option<&str>, engines: Vec<Fake>) -> Slots {
+    let s = slots(policy, pin, engines);
+    s.set_cost(SlotId::CPU, CBC, ENC, cpu_cost());
+    for e in s.engine_ids() {
+        s.set_cost(e, CBC, ENC, engine_cost());
+    }
+    s
+}
+
+#[test]
+fn the_cpu_alone_is_chosen_without_a_prediction() {
+    let s = slots(Policy::Latency, None, vec![]);
+    assert_eq!(decide(&s, req(CBC, 1 << 20), Some(0)), (SlotId::CPU, None));
+}
+
+#[test]
+fn latency_takes_the_cpu_for_small_requests_and_the_engine_for_large_ones() {
+    let s = costed(Policy::Latency, None, vec![engine("e")]);
+    // Break-even: 100 + n = 10_000 + 0.1 n → n = 11_000.
+    assert_eq!(name(&s, choose(&s, req(CBC, 4096))), "cpu");
+    assert_eq!(name(&s, choose(&s, req(CBC, 64 * 1024))), "e");
+    // Below the CPU bound the answer comes without a prediction.
+    assert!(s.cpu_bound(CBC, ENC) > 4096);
+    assert_eq!(choose(&s, req(CBC, 4096)).1, None);
+    let p = choose(&s, req(CBC, 64 * 1024)).1.unwrap();
+    assert_eq!(p.latency, 10_000.0 + 0.1 * 65_536.0);
+    assert_eq!(p.cpu, 2_000.0);
+}
+
+#[test]
+fn an_uncalibrated_engine_is_never_chosen() {
+    let s = slots(Policy::Latency, None, vec![engine("e")]);
+    s.set_cost(SlotId::CPU, CBC, ENC, cpu_cost());
+    assert_eq!(name(&s, choose(&s, req(CBC, 1 << 24))), "cpu");
+    assert_eq!(
+        predict(&s, id(&s, "e"), req(CBC, 1 << 24)),
+        Err(Exclusion::Uncalibrated)
+    );
+}
+
+#[test]
+fn shape_limits_exclude_an_engine() {
+    let mut e = engine("e");
+    e.limits = Limits::new()
+        .with_max_request(1 << 20)
+        .with_length_multiple(16);
+    e.runs = vec![CBC];
+    let s = costed(Policy::Latency, None, vec![e]);
+    let e = id(&s, "e");
+    assert!(predict(&s, e, req(CBC, 1 << 20)).is_ok());
+    assert_eq!(
+        predict(&s, e, req(CBC, (1 << 20) + 16)),
+        Err(Exclusion::TooLarge)
+    );
+    assert_eq!(predict(&s, e, req(CBC, 65_544)), Err(Exclusion::Length));
+    assert_eq!(
+        predict(&s, e, req(GCM, 65_536)),
+        Err(Exclusion::Unsupported)
+    );
+    // Every one of those runs on the CPU.
+    assert_eq!(name(&s, choose(&s, req(CBC, (1 << 20) + 16))), "cpu");
+    assert_eq!(name(&s, choose(&s, req(CBC, 65_544))), "cpu");
+}
+
+#[test]
+fn an_engine_taking_a_unit_per_operation_pays_per_unit_and_is_limited_per_unit() {
+    let mut e = engine("e");
+    e.limits = Limits::new()
+        .with_one_operation_per_unit()
+        .with_max_request(4096);
+    let s = slots(Policy::Latency, None, vec![e]);
+    let e = id(&s, "e");
+    s.set_cost(e, XTS, ENC, engine_cost());
+    // 64 KiB of 4 KiB units: 16 operations, each paying the fixed cost.
+    let units = Request {
+        alg: XTS,
+        dir: ENC,
+        len: 65_536,
+        unit: 4096,
+    };
+    let p = predict(&s, e, units).unwrap();
+    assert_eq!(p.latency, 16.0 * 10_000.0 + 0.1 * 65_536.0);
+    // One 64 KiB unit is more than it takes.
+    assert_eq!(predict(&s, e, req(XTS, 65_536)), Err(Exclusion::TooLarge));
+}
+
+#[test]
+fn an_open_breaker_excludes_the_engine_until_it_closes() {
+    let s = costed(Policy::Latency, None, vec![engine("e")]);
+    let e = id(&s, "e");
+    // No runtime here: the breaker waits for live traffic to probe, an hour
+    // from now.
+    s.failed(e, &BackendError::DeviceGone);
+    assert_eq!(
+        predict(&s, e, req(CBC, 1 << 20)),
+        Err(Exclusion::CircuitOpen)
+    );
+    assert_eq!(name(&s, choose(&s, req(CBC, 1 << 20))), "cpu");
+    s[e].breaker.close();
+    assert_eq!(name(&s, choose(&s, req(CBC, 1 << 20))), "e");
+}
+
+#[test]
+fn a_refused_shape_does_not_open_the_breaker() {
+    let s = costed(Policy::Latency, None, vec![engine("e")]);
+    let e = id(&s, "e");
+    s.failed(e, &BackendError::Unsupported("too long".into()));
+    assert!(predict(&s, e, req(CBC, 1 << 20)).is_ok());
+    assert_eq!(s[e].counters.failures.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn pinning_to_an_engine_bypasses_the_costs_but_not_the_shape() {
+    let mut e = engine("e");
+    e.limits = Limits::new().with_max_request(8192);
+    let s = costed(Policy::Latency, Some("e"), vec![e]);
+    // The CPU would win at 4 KiB; the pin sends it to the engine anyway.
+    assert_eq!(name(&s, decide(&s, req(CBC, 4096), Some(0))), "e");
+    // Too large for it: the CPU.
+    assert_eq!(name(&s, decide(&s, req(CBC, 1 << 20), None)), "cpu");
+    // Uncalibrated for GCM: still the engine, without a prediction.
+    assert_eq!(decide(&s, req(GCM, 4096), None), (id(&s, "e"), None));
+    // Pinned to the CPU: always the CPU.
+    let s = costed(Policy::Latency, Some("cpu"), vec![engine("e")]);
+    assert_eq!(decide(&s, req(CBC, 1 << 24), None), (SlotId::CPU, None));
+}
+
+#[test]
+fn queueing_makes_a_busy_engine_lose_to_an_idle_one() {
+    let s = costed(Policy::Latency, None, vec![engine("a"), engine("b")]);
+    let (a, b) = (id(&s, "a"), id(&s, "b"));
+    let large = req(CBC, 1 << 20);
+    // Equal costs: the first wins the tie.
+    assert_eq!(choose(&s, large).0, a);
+    s[a].model.in_flight.store(3, Ordering::Relaxed);
+    assert_eq!(choose(&s, large).0, b);
+    let p = predict(&s, a, large).unwrap();
+    let service = 10_000.0 + 0.1 * (1 << 20) as f64;
+    assert_eq!(p.latency, 4.0 * service);
+    assert_eq!(p.expected, 4.0 * service);
+}
+
+#[test]
+fn cpu_saving_takes_the_least_cpu_within_the_bound() {
+    let policy = |ms| Policy::CpuSaving {
+        max_latency: Duration::from_millis(ms),
+    };
+    // At 4 KiB the CPU is faster (4.2 µs against 10.4 µs) but the engine
+    // takes 2 µs of CPU against 4.2: within a 1 ms bound, the engine.
+    let s = costed(policy(1), None, vec![engine("e")]);
+    assert_eq!(name(&s, choose(&s, req(CBC, 4096))), "e");
+    // A bound neither meets: the least latency.
+    let s = costed(policy(0), None, vec![engine("e")]);
+    assert_eq!(name(&s, choose(&s, req(CBC, 4096))), "cpu");
+}
+
+#[test]
+fn throughput_keeps_the_cpu_while_a_core_is_free_then_feeds_the_engine() {
+    let s = costed(Policy::Throughput, None, vec![engine("e")]);
+    let small = req(CBC, 4096);
+    assert_eq!(name(&s, choose(&s, small)), "cpu");
+    // Both cores busy (the deciding thread is one of them).
+    s.cpu_slot().model.in_flight.store(1, Ordering::Relaxed);
+    assert_eq!(name(&s, choose(&s, small)), "e");
+    // The engine full (2 per server): back to the CPU.
+    s[id(&s, "e")].model.in_flight.store(2, Ordering::Relaxed);
+    assert_eq!(name(&s, choose(&s, small)), "cpu");
+}
+
+#[test]
+fn a_cold_engine_is_woken_once_the_time_it_would_have_saved_pays_its_resume() {
+    let s = costed(Policy::Latency, None, vec![cold("e")]);
+    let e = id(&s, "e");
+    s[e].model.resume_ns.set(1_000_000.0);
+    assert!(s[e].is_cold());
+    let large = req(CBC, 256 * 1024);
+    // Warm it would save 262_244 - 36_214 ≈ 226 µs a request, cold it
+    // costs 1 ms more: the CPU for the first four, the fifth wakes it.
+    let chosen: Vec<_> = (0..5)
+        .map(|_| name(&s, decide(&s, large, None)).to_owned())
+        .collect();
+    assert_eq!(chosen, ["cpu", "cpu", "cpu", "cpu", "e"]);
+    let woken = decide(&s, large, None).1;
+    assert!(
+        woken.is_none_or(|p| p.slot == SlotId::CPU),
+        "regret restarts"
+    );
+    // `choose` (explain, break_even) keeps no account.
+    let before = s[e].model.regret_ns.get();
+    let _ = choose(&s, large);
+    assert_eq!(s[e].model.regret_ns.get(), before);
+    // A cold prediction is marked, and is never learned from.
+    assert!(predict(&s, e, large).unwrap().cold);
+}
+
+#[test]
+fn a_turn_to_explore_goes_to_a_near_runner_up_in_turn() {
+    let s = costed(Policy::Latency, None, vec![engine("a"), engine("b")]);
+    let (a, b) = (id(&s, "a"), id(&s, "b"));
+    // b 10% slower than a: near. The CPU, far behind at 1 MiB, is not.
+    s.set_cost(b, CBC, ENC, Cost::new(11_000.0, 0.11, 2_000.0, 0.0, 1));
+    let large = req(CBC, 1 << 20);
+    assert_eq!(decide(&s, large, None).0, a);
+    let (slot, p) = decide(&s, large, Some(7));
+    assert_eq!(slot, b);
+    assert!(p.unwrap().explored);
+    // No near rival: a turn changes nothing.
+    s.set_cost(b, CBC, ENC, Cost::new(50_000.0, 1.0, 2_000.0, 0.0, 1));
+    let (slot, p) = decide(&s, large, Some(7));
+    assert_eq!(slot, a);
+    assert!(!p.unwrap().explored);
+}
+
+#[test]
+fn the_explore_tick_fires_once_in_every_thirty_two() {
+    let turns = (0..320).filter_map(|_| explore_turn()).count();
+    assert_eq!(turns, 10);
+}
+
+#[test]
+fn explain_names_every_exclusion() {
+    let mut small = engine("small");
+    small.limits = Limits::new().with_max_request(1024);
+    let s = costed(
+        Policy::Latency,
+        None,
+        vec![small, engine("e"), engine("open")],
+    );
+    s.failed(id(&s, "open"), &BackendError::DeviceGone);
+    let why = explain(&s, CBC, ENC, 1 << 20);
+    let excluded: Vec<_> = why
+        .candidates
+        .iter()
+        .map(|c| c.excluded.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(excluded[0], "");
+    assert_eq!(excluded[1], "takes at most 1024 bytes a request");
+    assert_eq!(excluded[2], "");
+    assert!(excluded[3].starts_with("circuit open"), "{excluded:?}");
+    assert_eq!(why.choice, "e");
+    // Nothing costed for GCM on the engines.
+    let gcm = explain(&s, GCM, ENC, 512);
+    assert_eq!(
+        gcm.candidates[2].excluded.as_deref(),
+        Some("not calibrated")
+    );
+    let pinned = costed(Policy::Latency, Some("cpu"), vec![engine("e")]);
+    let why = explain(&pinned, CBC, ENC, 1 << 20);
+    assert_eq!(
+        why.candidates[1].excluded.as_deref(),
+        Some("sessions are pinned to cpu")
+    );
+}

@@ -1,0 +1,322 @@
+//! The backends an `Offload` chooses among, one [`Slot`] each — the
+//! backend, what it takes of each algorithm, its cost model, its circuit
+//! breaker and its counters — and [`Slots`], the collection with the
+//! selection's settings (policy, pin, cores).
+//!
+//! The CPU is always the first slot ([`SlotId::CPU`]); it has no
+//! `dyn Backend` (sessions call its code directly) and runs everything.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::alg::Algorithm;
+use crate::backend::{BackendKind, Limits, SharedBackend};
+use crate::breaker::Breaker;
+use crate::cost::{Cost, Direction, KEYS, Model, alg_index, key};
+use crate::cpu::{BLOCKING_MIN_LEN, CpuBackend};
+use crate::error::BackendError;
+use crate::policy::Policy;
+
+/// A slot's place in its [`Slots`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct SlotId(usize);
+
+impl SlotId {
+    /// The CPU's slot.
+    pub(crate) const CPU: SlotId = SlotId(0);
+
+    #[inline]
+    pub(crate) fn is_cpu(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The slot's position (0 for the CPU), for tables indexed like
+    /// [`Slots`].
+    #[inline]
+    pub(crate) fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// What a slot has served.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) requests: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) failures: AtomicU64,
+    pub(crate) replayed: AtomicU64,
+}
+
+impl Counters {
+    #[inline]
+    pub(crate) fn served(&self, len: usize) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(len as u64, Ordering::Relaxed);
+    }
+}
+
+/// One backend as the selector sees it.
+pub(crate) struct Slot {
+    name: String,
+    /// `None` for the CPU.
+    engine: Option<SharedBackend>,
+    /// Per algorithm ([`alg_index`]): what the backend takes, `None` if it
+    /// does not run it. Asked of the backend once, here.
+    limits: Box<[Option<Limits>]>,
+    pub(crate) model: Model,
+    pub(crate) breaker: Arc<Breaker>,
+    pub(crate) counters: Counters,
+}
+
+impl Slot {
+    fn cpu() -> Slot {
+        Slot {
+            name: CpuBackend::NAME.to_owned(),
+            engine: None,
+            limits: Algorithm::all().map(|_| Some(Limits::new())).collect(),
+            model: Model::default(),
+            breaker: Arc::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    fn engine(backend: SharedBackend) -> Slot {
+        Slot {
+            name: backend.name().to_owned(),
+            limits: Algorithm::all()
+                .map(|a| {
+                    backend.limits(a).map(|l| Limits {
+                        length_multiple: l.length_multiple.max(1),
+                        ..l
+                    })
+                })
+                .collect(),
+            engine: Some(backend),
+            model: Model::default(),
+            breaker: Arc::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The backend's name (`"cpu"` for the CPU).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The backend, unless this is the CPU's slot.
+    pub(crate) fn backend(&self) -> Option<&SharedBackend> {
+        self.engine.as_ref()
+    }
+
+    pub(crate) fn kind(&self) -> BackendKind {
+        self.engine.as_ref().map_or(BackendKind::Cpu, |b| b.kind())
+    }
+
+    /// What the backend takes of `alg`, if it runs it.
+    #[inline]
+    pub(crate) fn limits(&self, alg: Algorithm) -> Option<&Limits> {
+        self.limits[alg_index(alg)].as_ref()
+    }
+
+    /// Whether the backend runs `alg`.
+    pub(crate) fn runs(&self, alg: Algorithm) -> bool {
+        self.limits(alg).is_some()
+    }
+
+    /// Whether this is an engine whose device is powered down (a request
+    /// there first pays its resume).
+    #[inline]
+    pub(crate) fn is_cold(&self) -> bool {
+        self.engine
+            .as_ref()
+            .and_then(|b| b.power())
+            .is_some_and(|p| !p.is_powered())
+    }
+
+    /// Whether any of its costs is measured (or loaded).
+    pub(crate) fn calibrated(&self) -> bool {
+        self.model.entries.iter().any(|e| e.cost().is_some())
+    }
+}
+
+/// Every slot, CPU first, and the settings the selector applies to them.
+pub(crate) struct Slots {
+    pub(crate) cpu: CpuBackend,
+    slots: Box<[Slot]>,
+    /// The slot every session is pinned to, if any.
+    pub(crate) pinned: Option<SlotId>,
+    pub(crate) policy: Policy,
+    /// Cores the CPU path may use at once.
+    pub(crate) cores: usize,
+    pub(crate) probe_interval: Duration,
+    /// Per (algorithm, direction): requests shorter than this run on the CPU
+    /// under the Latency policy without weighing the engines (kept by
+    /// [`Slots::refresh_cpu_bound`]).
+    cpu_bound: Box<[AtomicU64]>,
+}
+
+impl core::ops::Index<SlotId> for Slots {
+    type Output = Slot;
+
+    #[inline]
+    fn index(&self, id: SlotId) -> &Slot {
+        &self.slots[id.0]
+    }
+}
+
+impl Slots {
+    /// The CPU's slot, then one per backend in order. `pin` names the slot
+    /// every session is pinned to.
+    ///
+    /// # Errors
+    /// The name, if `pin` names no slot or two backends share a name.
+    pub(crate) fn new(
+        cpu: CpuBackend,
+        backends: Vec<SharedBackend>,
+        pin: Option<&str>,
+        policy: Policy,
+        cores: usize,
+        probe_interval: Duration,
+    ) -> Result<Slots, String> {
+        let mut slots = vec![Slot::cpu()];
+        for b in backends {
+            if slots.iter().any(|s| s.name == b.name()) {
+                return Err(format!("{} (registered twice)", b.name()));
+            }
+            slots.push(Slot::engine(b));
+        }
+        let slots = slots.into_boxed_slice();
+        let pinned = match pin {
+            None => None,
+            Some(name) => Some(SlotId(
+                slots
+                    .iter()
+                    .position(|s| s.name == name)
+                    .ok_or_else(|| name.to_owned())?,
+            )),
+        };
+        Ok(Slots {
+            cpu,
+            slots,
+            pinned,
+            policy,
+            cores: cores.max(1),
+            probe_interval,
+            cpu_bound: (0..KEYS).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    /// Every slot's id, the CPU's first.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = SlotId> + use<> {
+        (0..self.slots.len()).map(SlotId)
+    }
+
+    /// The engines' ids (every slot but the CPU's).
+    pub(crate) fn engine_ids(&self) -> impl Iterator<Item = SlotId> + use<> {
+        (1..self.slots.len()).map(SlotId)
+    }
+
+    /// Whether there is anything besides the CPU.
+    #[inline]
+    pub(crate) fn has_engines(&self) -> bool {
+        self.slots.len() > 1
+    }
+
+    /// The slot of the backend called `name`.
+    pub(crate) fn find(&self, name: &str) -> Option<SlotId> {
+        self.slots.iter().position(|s| s.name == name).map(SlotId)
+    }
+
+    /// The CPU's slot.
+    #[inline]
+    pub(crate) fn cpu_slot(&self) -> &Slot {
+        &self.slots[0]
+    }
+
+    /// Requests of (`alg`, `dir`) shorter than this go to the CPU under the
+    /// Latency policy without weighing the engines.
+    #[inline]
+    pub(crate) fn cpu_bound(&self, alg: Algorithm, dir: Direction) -> u64 {
+        self.cpu_bound[key(alg, dir)].load(Ordering::Relaxed)
+    }
+
+    /// Sets a cost from calibration or a profile.
+    pub(crate) fn set_cost(&self, id: SlotId, alg: Algorithm, dir: Direction, cost: Cost) {
+        self[id].model.entry(alg, dir).set(cost);
+        self.refresh_cpu_bound(key(alg, dir));
+    }
+
+    /// Folds one completion into `id`'s correction.
+    pub(crate) fn observe(
+        &self,
+        id: SlotId,
+        alg: Algorithm,
+        dir: Direction,
+        len: usize,
+        expected: f64,
+        observed: f64,
+    ) {
+        self[id]
+            .model
+            .entry(alg, dir)
+            .observe(len, expected, observed);
+        self.refresh_cpu_bound(key(alg, dir));
+    }
+
+    /// Recomputes, for table entry `k`, the request length under which the
+    /// CPU wins under the Latency policy without weighing the engines: its
+    /// corrected latency is below every engine's corrected fixed latency
+    /// (which queueing and resumes only add to). Breakers are not consulted
+    /// — an engine behind one only makes the CPU's win surer — so the bound
+    /// needs no update when they open or close; it follows every change of
+    /// a cost or a correction instead.
+    fn refresh_cpu_bound(&self, k: usize) {
+        let (alg, dir) = crate::cost::unkey(k);
+        let cpu = self.cpu_slot().model.entry(alg, dir);
+        let bound = match cpu.cost() {
+            None => 0,
+            Some(c) => {
+                let engines = self.slots[1..]
+                    .iter()
+                    .filter(|s| s.runs(alg))
+                    .filter_map(|s| {
+                        let e = &s.model.entries[k];
+                        e.cost().map(|ec| ec.fixed_ns * e.correction())
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                let room = engines / cpu.correction() - c.fixed_ns;
+                let bound = if room <= 0.0 {
+                    0
+                } else if c.per_byte_ns <= 0.0 {
+                    u64::MAX
+                } else {
+                    // Saturating: an infinite room (no engine) is u64::MAX.
+                    (room / c.per_byte_ns) as u64
+                };
+                // Only inline requests: one that may go to the blocking pool
+                // is weighed with its hand-off.
+                bound.min(BLOCKING_MIN_LEN as u64)
+            }
+        };
+        self.cpu_bound[k].store(bound, Ordering::Relaxed);
+    }
+
+    /// Records that `id` failed a request (or a probe): counts it, and
+    /// opens its breaker, starting the probe task if none runs.
+    pub(crate) fn failed(&self, id: SlotId, error: &BackendError) {
+        let slot = &self[id];
+        slot.counters.failures.fetch_add(1, Ordering::Relaxed);
+        // `Unsupported` from a request is its shape (an AF_ALG engine's
+        // operation limit, say), not a failing device: replayed, but the
+        // engine stays in service.
+        let refused = matches!(error, BackendError::Unsupported(_));
+        let Some(backend) = slot.backend() else {
+            return;
+        };
+        if refused || !slot.breaker.trip(error.to_string()) {
+            return;
+        }
+        crate::breaker::spawn_probe(&slot.breaker, backend, self.probe_interval);
+    }
+}
