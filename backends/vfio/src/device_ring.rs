@@ -50,9 +50,8 @@ pub struct DeviceRing {
 
 impl DeviceRing {
     /// The queue of `size` entries whose descriptor table, available ring
-    /// and used ring the driver put at `addresses` (as
-    /// [`SplitQueue::addresses`](crate::virtqueue::SplitQueue::addresses)
-    /// gives them), in `pool`.
+    /// and used ring the driver put at `addresses` (as the driver's
+    /// `SplitQueue::addresses` gives them), in `pool`.
     pub fn new(pool: Arc<DmaPool>, size: u16, addresses: (u64, u64, u64)) -> DeviceRing {
         let (desc, avail, used) = addresses;
         DeviceRing {

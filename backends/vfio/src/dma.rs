@@ -57,6 +57,7 @@ impl DmaPool {
     }
 
     /// A pool in plain memory that no device sees (for tests).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn unmapped(len: usize) -> Result<DmaPool, Error> {
         let mem = Mapping::anonymous(round_up(len, 4096))?;
         Ok(DmaPool::with(mem, 0x1000_0000, None))
@@ -76,11 +77,6 @@ impl DmaPool {
     /// Its size in bytes.
     pub fn len(&self) -> usize {
         self.mem.len()
-    }
-
-    /// Whether it is empty (never: pools have at least a page).
-    pub fn is_empty(&self) -> bool {
-        self.mem.len() == 0
     }
 
     #[cfg(test)]
@@ -262,11 +258,6 @@ impl DmaBuf {
     /// Its length (whole units).
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether it is empty (never).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The descriptor segment for `len` bytes at `at`, which the device

@@ -21,11 +21,10 @@
 //!   device failed with it.
 //!
 //! The same for the configuration: [`Limits::of`] and
-//! [`limits::queue_size`] take any `max_size` and queue size without a
+//! `limits::queue_size` take any `max_size` and queue size without a
 //! panic, and what they accept is usable.
 //!
-//! [`Limits::of`]: crate::limits::Limits::of
-//! [`limits::queue_size`]: crate::limits::queue_size
+//! [`Limits::of`]: crate::Limits::of
 
 use std::future::Future;
 use std::pin::Pin;

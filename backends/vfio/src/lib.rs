@@ -5,31 +5,31 @@
 mod device;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod device_ring;
-pub mod discover;
-pub mod dma;
+mod discover;
+mod dma;
 #[cfg(test)]
 mod emulated;
 mod error;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod harness;
-pub mod limits;
+mod limits;
 mod mem;
 mod pci;
 mod platform;
-pub mod protocol;
+mod protocol;
 mod queue;
 mod request;
 mod session;
 mod sys;
-pub mod transport;
-pub mod vfio;
-pub mod virtqueue;
+mod transport;
+mod vfio;
+mod virtqueue;
 
 pub use device::{CONTROL_TIMEOUT, CryptoDevice, POLL_FOR};
 pub use discover::{VIRTIO_CRYPTO, devices, unavailable_reason};
 pub use error::{Error, Failed, status_name};
 pub use limits::{Limits, MAX_REQUEST};
 pub use platform::POOL_BYTES;
-pub use protocol::CipherAlgo;
+pub use protocol::{CipherAlgo, DeviceConfig};
 pub use request::DmaRequest;
 pub use session::{CipherSession, RequestTimeout, UNITS_IN_FLIGHT};

@@ -42,7 +42,6 @@ mod common {
     pub(super) const DRIVER_FEATURE_SELECT: usize = 8;
     pub(super) const DRIVER_FEATURE: usize = 12;
     pub(super) const MSIX_CONFIG: usize = 16;
-    pub(super) const NUM_QUEUES: usize = 18;
     pub(super) const DEVICE_STATUS: usize = 20;
     pub(super) const CONFIG_GENERATION: usize = 21;
     pub(super) const QUEUE_SELECT: usize = 22;
@@ -203,11 +202,6 @@ impl Transport {
             )));
         }
         Ok(())
-    }
-
-    /// Number of virtqueues.
-    pub fn num_queues(&self) -> Result<u16, Error> {
-        self.c16(common::NUM_QUEUES)
     }
 
     /// The largest size queue `index` takes (0: no such queue).

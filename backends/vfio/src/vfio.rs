@@ -82,7 +82,6 @@ impl Container {
 #[derive(Debug)]
 pub struct Group {
     fd: OwnedFd,
-    id: u32,
     container: Arc<Container>,
 }
 
@@ -102,12 +101,7 @@ impl Group {
             .map_err(|e| Error::sys("VFIO_GROUP_SET_CONTAINER", e))?;
         sys::set_iommu(container.fd.as_fd(), VFIO_TYPE1v2_IOMMU)
             .map_err(|e| Error::sys("VFIO_SET_IOMMU", e))?;
-        Ok(Group { fd, id, container })
-    }
-
-    /// Its number.
-    pub fn id(&self) -> u32 {
-        self.id
+        Ok(Group { fd, container })
     }
 }
 
@@ -126,7 +120,6 @@ pub struct Region {
 #[derive(Debug)]
 pub struct Device {
     fd: OwnedFd,
-    address: String,
     group: Group,
     config: Region,
 }
@@ -157,22 +150,7 @@ impl Device {
         let fd = sys::group_get_device(group.fd.as_fd(), address)
             .map_err(|e| Error::sys("VFIO_GROUP_GET_DEVICE_FD", e))?;
         let config = region(fd.as_fd(), VFIO_PCI_CONFIG_REGION_INDEX)?;
-        Ok(Device {
-            fd,
-            address: address.to_owned(),
-            group,
-            config,
-        })
-    }
-
-    /// Its PCI address.
-    pub fn address(&self) -> &str {
-        &self.address
-    }
-
-    /// Its IOMMU group.
-    pub fn group(&self) -> &Group {
-        &self.group
+        Ok(Device { fd, group, config })
     }
 
     pub(crate) fn container(&self) -> Arc<Container> {

@@ -136,12 +136,14 @@ impl SplitQueue {
     }
 
     /// Chains the device holds (made available, not yet completed).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn chains_in_flight(&self) -> usize {
         self.chains
     }
 
     /// The descriptors of the chain headed by `head`, by this side's links
     /// (`None` if `head` heads no chain the device holds).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn chain_of(&self, head: u16) -> Option<Vec<u16>> {
         if !self.head.get(usize::from(head)).copied().unwrap_or(false) {
             return None;
@@ -160,6 +162,7 @@ impl SplitQueue {
 
     /// Descriptors marked busy (for invariant checks: each belongs to
     /// exactly one chain the device holds).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn busy_descriptors(&self) -> usize {
         self.busy.iter().filter(|b| **b).count()
     }
@@ -177,6 +180,7 @@ impl SplitQueue {
     /// Makes `chain` available to the device; its head descriptor's index,
     /// or `None` if there are not enough free descriptors (try again after
     /// completions).
+    #[cfg(test)]
     pub fn push(&mut self, chain: &[Segment]) -> Result<Option<u16>, Error> {
         let head = self.stage(chain)?;
         if head.is_some() {
@@ -302,6 +306,7 @@ impl SplitQueue {
     }
 
     /// Whether it asks for interrupts.
+    #[cfg(test)]
     pub fn interrupts(&self) -> Result<bool, Error> {
         Ok(self.mem.read_u16(Self::avail_offset(self.size))? & AVAIL_F_NO_INTERRUPT == 0)
     }

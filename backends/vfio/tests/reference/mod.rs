@@ -1,6 +1,6 @@
 //! The CPU's result for a request, from the fallback crate: what the
 //! device must match. Shared by the guest tests and the driver's host
-//! tests over the emulated device (`src/device_tests.rs`), each of which
+//! tests over the emulated device (`src/device/tests.rs`), each of which
 //! has `CipherAlgo` in scope.
 
 use crypto_offload_fallback as fb;

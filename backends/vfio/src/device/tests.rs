@@ -10,9 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
 use crate::emulated::{Emulated, Handle, Setup};
-use crate::session::RequestTimeout;
+use crate::limits;
+use crate::protocol::CipherAlgo;
+use crate::session::{CipherSession, RequestTimeout};
 
-#[path = "../tests/reference/mod.rs"]
+#[path = "../../tests/reference/mod.rs"]
 mod reference;
 use reference::reference;
 

@@ -1,0 +1,77 @@
+//! The device's two background tasks and what they do: `reap`, the
+//! completion task, which wakes on the MSI-X eventfd and drains both queues
+//! (`Inner::drain`, also called by polling callers), and `watch_removal`,
+//! which waits for the kernel's request to have the device back
+//! (hot-unplug) and releases it; `readable` registers their eventfds with
+//! the runtime.
+
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+
+use nix::sys::eventfd::EventFd;
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+use super::Inner;
+use crate::error::Error;
+use crate::queue::Queue;
+
+/// `fd` registered with the runtime, to be awaited when readable.
+pub(super) fn readable(fd: EventFd) -> Result<AsyncFd<EventFd>, Error> {
+    // SAFETY: the `EventFd` owns its descriptor, so it stays open for as
+    // long as the `AsyncFd` that now owns the `EventFd` lives.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| Error::Io {
+        op: "AsyncFd::register",
+        source: std::io::Error::other(e.to_string()),
+    })
+}
+
+/// Waits for the kernel's request to have the device back (its removal:
+/// VFIO's request interrupt), then releases it.
+pub(super) async fn watch_removal(inner: Weak<Inner>, req: AsyncFd<EventFd>) {
+    loop {
+        let mut ready = match req.readable().await {
+            Ok(r) => r,
+            Err(_) => return,
+        };
+        if let Ok(Ok(_)) = ready.try_io(|fd| fd.get_ref().read().map_err(std::io::Error::from)) {
+            if let Some(inner) = inner.upgrade() {
+                inner.release();
+            }
+            return;
+        }
+    }
+}
+
+/// The completion task: each interrupt drains both queues.
+pub(super) async fn reap(inner: Weak<Inner>, irq: AsyncFd<EventFd>) {
+    loop {
+        let mut ready = match irq.readable().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%e, "interrupt eventfd failed");
+                return;
+            }
+        };
+        // Consume the count (interrupts since the last read); spurious
+        // wake-ups read EAGAIN.
+        let count = ready.try_io(|fd| fd.get_ref().read().map_err(std::io::Error::from));
+        let Some(inner) = inner.upgrade() else { return };
+        if let Ok(Ok(n)) = count {
+            inner.interrupts.fetch_add(n, Ordering::Relaxed);
+        }
+        inner.drain(&inner.data);
+        inner.drain(&inner.ctrl);
+    }
+}
+
+impl Inner {
+    /// Hands every completed request of `q` back to its caller; how many
+    /// callers that finished (whose tasks may now go on). A completion that
+    /// breaks the ring's rules fails the device ([`Host::broken`]).
+    ///
+    /// [`Host::broken`]: crate::queue::Host::broken
+    pub(super) fn drain(&self, q: &Queue) -> u64 {
+        q.drain(self)
+    }
+}
