@@ -9,16 +9,19 @@
 //! binds any drivers by name, CPU-backed ones included.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use crypto_offload_af_alg as af;
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 use crate::backend::{
-    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed, Limits,
+    AeadContext, Backend, BackendKind, CipherContext, CrcContext, Failed, Limits,
 };
 use crate::buffer::IoBuf;
+use crate::engine::{
+    AUTOSUSPEND_DELAY, Cipher, TIMEOUT_FIXED, TIMEOUT_PER_MIB, Unavailable, UnitCipher,
+    xts_per_unit,
+};
 use crate::error::BackendError;
 use crate::key::SecretKey;
 use crate::power::{PowerControl, PowerDomain, PowerRef};
@@ -37,10 +40,6 @@ pub struct AfAlgBackend {
     generic: bool,
     limit: usize,
 }
-
-/// Why AF_ALG offers no engine here (for `offload probe`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unavailable(pub String);
 
 impl AfAlgBackend {
     /// One backend per hardware engine family found in `/proc/crypto`
@@ -227,12 +226,9 @@ impl AfAlgBackend {
 /// replayed on the CPU (from a copy of its input): 2 s, plus 100 ms a MiB (a
 /// 10 MB/s floor, below any engine this crate would choose).
 pub const REQUEST_TIMEOUT: af::RequestTimeout = af::RequestTimeout {
-    fixed: Duration::from_secs(2),
-    per_mib: Duration::from_millis(100),
+    fixed: TIMEOUT_FIXED,
+    per_mib: TIMEOUT_PER_MIB,
 };
-
-/// How long an engine stays up after its last session closes.
-pub const AUTOSUSPEND_DELAY: Duration = Duration::from_secs(1);
 
 /// The power switch: the devices' `power/control`, `on` while a session
 /// holds the domain and `auto` (suspend when idle) after. The kernel driver
@@ -319,7 +315,7 @@ fn algorithms_of(r: &af::proc_crypto::Registered) -> Vec<Algorithm> {
 /// The driver the kernel binds for `alg`'s generic name with a key of its
 /// size (as `/proc/crypto` tells), if it binds.
 fn bound_driver(alg: Algorithm) -> Option<String> {
-    let key = probe_key;
+    let key = |len: usize| SecretKey::for_tests(len).expose().to_vec();
     match alg {
         Algorithm::Cipher(c) => af::Skcipher::bind(mode_of(c), None, &key(c.key_len()))
             .ok()?
@@ -336,17 +332,10 @@ fn bound_driver(alg: Algorithm) -> Option<String> {
     }
 }
 
-/// A key for probing bindings: distinct XTS halves (byte i and i + 32
-/// differ).
-fn probe_key(len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(97).wrapping_add(13))
-        .collect()
-}
-
 /// Whether `driver` binds for `alg` with a key of its size.
 fn bindable(alg: Algorithm, driver: &str) -> bool {
-    let (key, driver) = (probe_key, Some(driver));
+    let key = |len: usize| SecretKey::for_tests(len).expose().to_vec();
+    let driver = Some(driver);
     match alg {
         Algorithm::Cipher(c) => af::Skcipher::bind(mode_of(c), driver, &key(c.key_len())).is_ok(),
         Algorithm::Aead(a) => af::Aead::bind(driver, &key(a.key_len())).is_ok(),
@@ -407,9 +396,7 @@ impl Backend for AfAlgBackend {
         Some(match alg {
             // The kernel's xts(aes) takes one tweak (a data unit) per
             // operation, of at most an operation's length.
-            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => Limits::new()
-                .with_one_operation_per_unit()
-                .with_max_request(operation),
+            Algorithm::Cipher(c) if c.mode() == CipherMode::Xts => xts_per_unit(operation),
             // CBC and CTR requests go to the kernel in operations of at
             // most this size (the binding chains the IV), each paying the
             // engine's fixed cost.
@@ -438,7 +425,7 @@ impl Backend for AfAlgBackend {
         let s = af::Skcipher::bind(mode_of(alg), driver, key.expose())
             .map_err(backend_error)?
             .with_timeout(REQUEST_TIMEOUT);
-        Ok(Box::new(Cipher(s, power)))
+        Ok(Box::new(Cipher::new(s, power)))
     }
 
     async fn open_aead(
@@ -470,28 +457,22 @@ impl Backend for AfAlgBackend {
     }
 }
 
-/// Each context holds the engine's power for the session's life.
-struct Cipher(af::Skcipher, #[allow(dead_code)] Option<PowerRef>);
-
 #[async_trait]
-impl CipherContext for Cipher {
-    async fn encrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
-        self.0
-            .crypt_units(true, &params.iv, params.data_unit, buf.into())
+impl UnitCipher for af::Skcipher {
+    async fn crypt_units(
+        &self,
+        encrypt: bool,
+        first_tweak: &[u8; 16],
+        unit: usize,
+        buf: Vec<u8>,
+    ) -> Result<Vec<u8>, Failed> {
+        af::Skcipher::crypt_units(self, encrypt, first_tweak, unit, buf)
             .await
-            .map(IoBuf::from)
-            .map_err(failed)
-    }
-
-    async fn decrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
-        self.0
-            .crypt_units(false, &params.iv, params.data_unit, buf.into())
-            .await
-            .map(IoBuf::from)
             .map_err(failed)
     }
 }
 
+/// Each context holds the engine's power for the session's life.
 struct Aead(af::Aead, #[allow(dead_code)] Option<PowerRef>);
 
 #[async_trait]

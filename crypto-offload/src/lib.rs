@@ -10,6 +10,8 @@ mod buffer;
 mod calibrate;
 mod cost;
 mod cpu;
+#[cfg(any(feature = "af-alg", feature = "vfio"))]
+mod engine;
 mod error;
 mod key;
 mod offload;
@@ -26,9 +28,7 @@ mod vfio;
 pub mod testing;
 
 #[cfg(feature = "af-alg")]
-pub use af_alg::{
-    AUTOSUSPEND_DELAY as AF_ALG_AUTOSUSPEND_DELAY, AfAlgBackend, Unavailable as AfAlgUnavailable,
-};
+pub use af_alg::AfAlgBackend;
 pub use alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 pub use backend::{
     AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed, Limits,
@@ -38,6 +38,8 @@ pub use buffer::{Buffer, IoBuf};
 pub use cost::{Cost, Direction, Profile, ProfileEntry};
 pub use cpu::CpuBackend;
 pub use crypto_offload_fallback::Implementation;
+#[cfg(any(feature = "af-alg", feature = "vfio"))]
+pub use engine::{AUTOSUSPEND_DELAY, Unavailable};
 pub use error::{BackendError, Error, LengthRule, RequestError};
 pub use key::{MAX_KEY_LEN, SecretKey};
 pub use offload::{BackendInfo, BackendStats, Offload, OffloadBuilder};
@@ -49,9 +51,7 @@ pub use session::{
 };
 pub use sim::{SimConfig, SimEngine, SimFaults, SimPower, SimTimer};
 #[cfg(feature = "vfio")]
-pub use vfio::{
-    AUTOSUSPEND_DELAY as VFIO_AUTOSUSPEND_DELAY, Unavailable as VfioUnavailable, VfioBackend,
-};
+pub use vfio::VfioBackend;
 
 /// CRC combination: the CRC of `A ‖ B` from `crc(A)`, `crc(B)` and `len(B)`.
 pub use crypto_offload_fallback::combine as crc_combine;

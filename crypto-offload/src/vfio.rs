@@ -4,19 +4,21 @@
 //! probed by creating a session for each, not read from the bitmaps it
 //! advertises.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use crypto_offload_vfio as vfio;
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 use crate::backend::{
-    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed, Limits,
+    AeadContext, Backend, BackendKind, CipherContext, CrcContext, Failed, Limits,
 };
 use crate::buffer::IoBuf;
+use crate::engine::{
+    AUTOSUSPEND_DELAY, Cipher, TIMEOUT_FIXED, TIMEOUT_PER_MIB, Unavailable, UnitCipher,
+    xts_per_unit,
+};
 use crate::error::BackendError;
 use crate::key::SecretKey;
-use crate::power::{PowerControl, PowerDomain, PowerRef};
+use crate::power::{PowerControl, PowerDomain};
 
 /// A virtio-crypto device driven through VFIO.
 #[derive(Debug)]
@@ -29,9 +31,6 @@ pub struct VfioBackend {
     power: PowerDomain,
 }
 
-/// How long a device stays up after its last session closes.
-pub const AUTOSUSPEND_DELAY: Duration = Duration::from_secs(1);
-
 /// How long a VFIO request may take before it is given up as hung and
 /// replayed on the CPU (the caller's buffer comes back unchanged: the
 /// driver works on a copy in DMA memory, which it keeps until the device
@@ -40,8 +39,8 @@ pub const AUTOSUSPEND_DELAY: Duration = Duration::from_secs(1);
 /// and the DMA pool included. The timer is tokio's: under a paused clock
 /// (`tokio::time::pause`) it fires as soon as the runtime idles.
 pub const REQUEST_TIMEOUT: vfio::RequestTimeout = vfio::RequestTimeout {
-    fixed: Duration::from_secs(2),
-    per_mib: Duration::from_millis(100),
+    fixed: TIMEOUT_FIXED,
+    per_mib: TIMEOUT_PER_MIB,
 };
 
 /// The power switch: VFIO's low-power entry and exit (D3hot and back; the
@@ -58,10 +57,6 @@ impl PowerControl for LowPower {
         self.0.suspend().await.map_err(backend_error)
     }
 }
-
-/// Why VFIO offers no engine here (for `offload probe`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unavailable(pub String);
 
 impl VfioBackend {
     /// Every usable device (bound to `vfio-pci`, 1af4:1054), opened, each
@@ -112,14 +107,8 @@ impl VfioBackend {
             .map_err(|e| Unavailable(e.to_string()))?;
         let mut supported = Vec::new();
         for alg in CipherAlg::ALL {
-            let key = vec![0x5au8; alg.key_len()];
-            let mut key = key;
-            if alg.mode() == CipherMode::Xts {
-                // Distinct halves.
-                let half = key.len() / 2;
-                key[half] ^= 1;
-            }
-            if let Ok(s) = device.cipher_session(algo_of(alg), &key).await {
+            let key = SecretKey::for_tests(alg.key_len());
+            if let Ok(s) = device.cipher_session(algo_of(alg), key.expose()).await {
                 let _ = s.close().await;
                 supported.push(alg);
             }
@@ -200,10 +189,10 @@ impl Backend for VfioBackend {
             // what the device takes (validated at open). QEMU's builtin
             // backend has no XTS ciphertext stealing ("Length 20 must be a
             // multiple of block size 16", measured).
-            limits
-                .with_one_operation_per_unit()
-                .with_max_request(max)
-                .with_length_multiple(16)
+            Limits {
+                queue_depth: limits.queue_depth,
+                ..xts_per_unit(max).with_length_multiple(16)
+            }
         } else {
             // Longer CBC and CTR requests go in chained pieces of this size
             // (CTR tails are padded by the driver).
@@ -235,7 +224,7 @@ impl Backend for VfioBackend {
             .await
             .map_err(backend_error)?
             .with_timeout(REQUEST_TIMEOUT);
-        Ok(Box::new(Cipher(s, power)))
+        Ok(Box::new(Cipher::new(s, Some(power))))
     }
 
     async fn open_aead(
@@ -260,31 +249,25 @@ impl Backend for VfioBackend {
     }
 }
 
-/// The session, and the device's power for its life (dropped after it:
-/// the session's destroy goes out before the device may suspend).
-struct Cipher(vfio::CipherSession, #[allow(dead_code)] PowerRef);
-
 #[async_trait]
-impl CipherContext for Cipher {
-    async fn encrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
-        self.0
-            .crypt_units(true, &params.iv, params.data_unit, buf.into())
+impl UnitCipher for vfio::CipherSession {
+    async fn crypt_units(
+        &self,
+        encrypt: bool,
+        first_tweak: &[u8; 16],
+        unit: usize,
+        buf: Vec<u8>,
+    ) -> Result<Vec<u8>, Failed> {
+        vfio::CipherSession::crypt_units(self, encrypt, first_tweak, unit, buf)
             .await
-            .map(IoBuf::from)
-            .map_err(failed)
-    }
-
-    async fn decrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
-        self.0
-            .crypt_units(false, &params.iv, params.data_unit, buf.into())
-            .await
-            .map(IoBuf::from)
             .map_err(failed)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// What the session layer does with each driver error: a timeout or a

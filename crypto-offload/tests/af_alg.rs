@@ -227,10 +227,8 @@ async fn a_session_holds_the_engines_runtime_pm_and_its_drop_releases_it() {
     assert_eq!(control().trim(), "on");
     assert_eq!((stats().resumes, stats().suspends), (1, 0));
     drop(s);
-    tokio::time::sleep(
-        crypto_offload::AF_ALG_AUTOSUSPEND_DELAY + std::time::Duration::from_millis(500),
-    )
-    .await;
+    tokio::time::sleep(crypto_offload::AUTOSUSPEND_DELAY + std::time::Duration::from_millis(500))
+        .await;
     assert_eq!(control().trim(), "auto");
     assert_eq!((stats().resumes, stats().suspends), (1, 1));
 }

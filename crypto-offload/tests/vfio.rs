@@ -172,7 +172,7 @@ fn a_session_powers_the_device_and_its_drop_suspends_it() {
         assert_eq!((power.resumes, power.suspends), (1, 0));
         // The last session's drop, then the autosuspend delay: D3hot.
         drop(session);
-        tokio::time::sleep(crypto_offload::VFIO_AUTOSUSPEND_DELAY).await;
+        tokio::time::sleep(crypto_offload::AUTOSUSPEND_DELAY).await;
         let start = std::time::Instant::now();
         while pci_power(&address) != down && start.elapsed().as_secs() < 3 {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -185,7 +185,7 @@ fn a_session_powers_the_device_and_its_drop_suspends_it() {
             "{address}: 1,000+ requests, {} resume, {} suspend; D0 while the session lived, D3hot {:.1} s after its drop",
             power.resumes,
             power.suspends,
-            crypto_offload::VFIO_AUTOSUSPEND_DELAY.as_secs_f64()
+            crypto_offload::AUTOSUSPEND_DELAY.as_secs_f64()
         );
     });
 }

@@ -1,0 +1,87 @@
+//! What the engine adapters ([`af_alg`](crate::AfAlgBackend),
+//! [`vfio`](crate::VfioBackend)) share: the power and timeout settings,
+//! the "not here" reason, the shape of an engine that takes one XTS data
+//! unit per operation, and the cipher context over a driver session that
+//! encrypts data units.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::backend::{CipherContext, CipherParams, Failed, Limits};
+use crate::buffer::IoBuf;
+use crate::power::PowerRef;
+
+/// How long an engine stays up after its last session closes.
+pub const AUTOSUSPEND_DELAY: Duration = Duration::from_secs(1);
+
+/// A request to an engine is given up as hung, and replayed on the CPU,
+/// after this much time plus [`TIMEOUT_PER_MIB`] a MiB: a 10 MB/s floor,
+/// below any engine the selector would choose.
+pub(crate) const TIMEOUT_FIXED: Duration = Duration::from_secs(2);
+
+/// See [`TIMEOUT_FIXED`].
+pub(crate) const TIMEOUT_PER_MIB: Duration = Duration::from_millis(100);
+
+/// Why a kind of engine offers nothing on this machine (for `offload
+/// probe`): no AF_ALG in the kernel, no device bound to `vfio-pci`, no
+/// permission, ….
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unavailable(pub String);
+
+/// The limits of an engine whose XTS takes one data unit (one tweak) per
+/// operation, of at most `max` bytes.
+pub(crate) fn xts_per_unit(max: usize) -> Limits {
+    Limits::new()
+        .with_one_operation_per_unit()
+        .with_max_request(max)
+}
+
+/// A driver's cipher session that encrypts or decrypts consecutive data
+/// units in place (both drivers' `crypt_units`), its errors already this
+/// crate's.
+#[async_trait]
+pub(crate) trait UnitCipher: Send + Sync + 'static {
+    async fn crypt_units(
+        &self,
+        encrypt: bool,
+        first_tweak: &[u8; 16],
+        unit: usize,
+        buf: Vec<u8>,
+    ) -> Result<Vec<u8>, Failed>;
+}
+
+/// A cipher context over a driver session, holding the engine's power for
+/// the session's life (dropped after the session: its close goes out
+/// before the device may suspend).
+pub(crate) struct Cipher<S> {
+    session: S,
+    _power: Option<PowerRef>,
+}
+
+impl<S> Cipher<S> {
+    pub(crate) fn new(session: S, power: Option<PowerRef>) -> Self {
+        Cipher {
+            session,
+            _power: power,
+        }
+    }
+}
+
+#[async_trait]
+impl<S: UnitCipher> CipherContext for Cipher<S> {
+    async fn encrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+        self.session
+            .crypt_units(true, &params.iv, params.data_unit, buf.into())
+            .await
+            .map(IoBuf::from)
+    }
+
+    async fn decrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+        self.session
+            .crypt_units(false, &params.iv, params.data_unit, buf.into())
+            .await
+            .map(IoBuf::from)
+    }
+}
