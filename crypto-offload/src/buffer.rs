@@ -40,12 +40,12 @@ pub trait Buffer: sealed::Sealed + Send + Unpin + 'static {
 
 impl Buffer for Vec<u8> {
     fn into_io(self) -> IoBuf {
-        IoBuf(Inner::Vec(self))
+        IoBuf(Storage::Vec(self))
     }
     fn from_io(io: IoBuf) -> Self {
         match io.0 {
-            Inner::Vec(v) => v,
-            Inner::Bytes(mut b) => vec_from_bytes(&mut b),
+            Storage::Vec(v) => v,
+            Storage::Bytes(mut b) => vec_from_bytes(&mut b),
         }
     }
     #[inline]
@@ -62,12 +62,12 @@ impl Buffer for Vec<u8> {
 
 impl Buffer for BytesMut {
     fn into_io(self) -> IoBuf {
-        IoBuf(Inner::Bytes(self))
+        IoBuf(Storage::Bytes(self))
     }
     fn from_io(io: IoBuf) -> Self {
         match io.0 {
-            Inner::Bytes(b) => b,
-            Inner::Vec(mut v) => bytes_from_vec(&mut v),
+            Storage::Bytes(b) => b,
+            Storage::Vec(mut v) => bytes_from_vec(&mut v),
         }
     }
     #[inline]
@@ -106,9 +106,9 @@ fn bytes_from_vec(v: &mut Vec<u8>) -> BytesMut {
 /// The owned buffer a [`Backend`](crate::Backend) works on: the caller's
 /// `Vec<u8>` or `BytesMut`, moved, not copied. Its heap storage does not move
 /// while the backend holds it.
-pub struct IoBuf(Inner);
+pub struct IoBuf(Storage);
 
-enum Inner {
+enum Storage {
     Vec(Vec<u8>),
     Bytes(BytesMut),
 }
@@ -126,16 +126,16 @@ impl IoBuf {
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         match &self.0 {
-            Inner::Vec(v) => v,
-            Inner::Bytes(b) => b,
+            Storage::Vec(v) => v,
+            Storage::Bytes(b) => b,
         }
     }
 
     /// The bytes, to transform in place.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match &mut self.0 {
-            Inner::Vec(v) => v,
-            Inner::Bytes(b) => b,
+            Storage::Vec(v) => v,
+            Storage::Bytes(b) => b,
         }
     }
 

@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 use zeroize::{Zeroize, Zeroizing};
 
-use crate::device::Inner;
+use crate::device::DeviceState;
 use crate::dma::{DmaBuf, UNIT};
 use crate::error::{Error, Failed};
 use crate::protocol::{self, CipherAlgo};
@@ -46,7 +46,7 @@ pub const UNITS_IN_FLIGHT: usize = 64;
 /// A cipher session on the device: one device session for each direction,
 /// destroyed when this is dropped.
 pub struct CipherSession {
-    pub(crate) dev: Arc<Inner>,
+    pub(crate) dev: Arc<DeviceState>,
     pub(crate) algo: CipherAlgo,
     /// Encrypt and decrypt session ids.
     pub(crate) ids: [u64; 2],

@@ -1,7 +1,7 @@
 //! Bringing the device up: [`CryptoDevice::open`] over VFIO and the
 //! bring-up behind it (`start`: the virtio handshake, feature negotiation,
 //! the validated configuration, the DMA pool, MSI-X, both queues, and the
-//! completion and removal tasks), and `Inner::reinit`, the same set-up
+//! completion and removal tasks), and `DeviceState::reinit`, the same set-up
 //! again after a power cycle has reset the device.
 
 use std::os::fd::AsFd;
@@ -12,7 +12,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tracing::Instrument;
 
 use super::tasks::{readable, reap, watch_removal};
-use super::{CONTROL_TIMEOUT, CryptoDevice, Inner, POLL_FOR};
+use super::{CONTROL_TIMEOUT, CryptoDevice, DeviceState, POLL_FOR};
 use crate::dma::DmaPool;
 use crate::error::Error;
 use crate::limits::{self, CONTROL_CHAIN, DATA_CHAIN, Limits};
@@ -79,7 +79,7 @@ impl CryptoDevice {
                 source,
             })?;
         let config = up.config;
-        let inner = Arc::new(Inner {
+        let inner = Arc::new(DeviceState {
             address: address.to_owned(),
             hw: std::sync::RwLock::new(Some(hw)),
             pool: up.pool,
@@ -190,7 +190,7 @@ fn queue(
     Ok(Queue::new(index, notify_off, ring))
 }
 
-impl Inner {
+impl DeviceState {
     /// The virtio set-up again after the device lost its state (a power
     /// cycle through D3hot resets it): handshake, MSI-X, both queues from
     /// empty rings.

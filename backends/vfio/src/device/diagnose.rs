@@ -1,12 +1,12 @@
 //! What the device tells about itself: DMA units, requests in flight and
 //! back-pressure counts, parked buffers, why it is broken, a register and
 //! ring dump ([`CryptoDevice::diagnose`]), interrupts received, the threads
-//! that handed completions back (counted by `Inner::count_completions`),
+//! that handed completions back (counted by `DeviceState::count_completions`),
 //! and whether it was released or is gone.
 
 use std::sync::atomic::Ordering;
 
-use super::{CryptoDevice, Inner};
+use super::{CryptoDevice, DeviceState};
 
 impl CryptoDevice {
     /// DMA pool units in use (returns to its idle level when no request is
@@ -115,7 +115,7 @@ impl CryptoDevice {
     }
 }
 
-impl Inner {
+impl DeviceState {
     /// Notes that this thread handed back `n` completions (the spreading
     /// measurement: which threads do the completion work).
     pub(super) fn count_completions(&self, n: u64) {

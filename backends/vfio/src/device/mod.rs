@@ -1,6 +1,6 @@
 //! A virtio-crypto device driven from userspace. This module holds the
 //! handle ([`CryptoDevice`]) and the state it shares with its sessions and
-//! tasks (`Inner`), the defaults of its settings, its plain accessors and
+//! tasks (`DeviceState`), the defaults of its settings, its plain accessors and
 //! settings, access to the hardware (gone once released, out of reach in
 //! D3hot), whether it takes requests, and what its queues see of it
 //! (`Host`); bring-up, the interrupt and removal tasks, the polling wait,
@@ -38,7 +38,7 @@ pub const POLL_FOR: std::time::Duration = std::time::Duration::from_micros(100);
 /// session's destruction waiting forever.
 pub const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-pub(crate) struct Inner {
+pub(crate) struct DeviceState {
     pub(crate) address: String,
     /// The hardware (VFIO, or an emulated device in tests). Released (the
     /// device fd closed, the BARs unmapped) when the kernel asks for the
@@ -97,7 +97,7 @@ pub(crate) struct Inner {
 /// to `vfio-pci` and driven from this process. Cheap to clone.
 #[derive(Clone)]
 pub struct CryptoDevice {
-    inner: Arc<Inner>,
+    inner: Arc<DeviceState>,
 }
 
 impl std::fmt::Debug for CryptoDevice {
@@ -174,7 +174,7 @@ impl CryptoDevice {
     }
 }
 
-impl Inner {
+impl DeviceState {
     /// Runs `f` on the device, if it has not been released.
     fn with_hw<T>(&self, f: impl FnOnce(&dyn Platform) -> Result<T, Error>) -> Result<T, Error> {
         let guard = self.hw.read().unwrap_or_else(|p| p.into_inner());
@@ -232,7 +232,7 @@ fn suspended() -> Error {
     Error::Device("the device is suspended: resume it first".into())
 }
 
-impl Host for Inner {
+impl Host for DeviceState {
     fn accepting(&self) -> Result<(), Error> {
         self.accepting_or_suspended()?;
         if self.low_power.load(Ordering::Acquire) {

@@ -1,6 +1,6 @@
-//! Waiting for completions: `Inner::wait` and `Inner::wait_burst` poll the
+//! Waiting for completions: `DeviceState::wait` and `DeviceState::wait_burst` poll the
 //! used ring with the device's interrupts off while completions keep coming
-//! (`Inner::poll_until`, within the poll budget), then sleep on the
+//! (`DeviceState::poll_until`, within the poll budget), then sleep on the
 //! interrupt; `Polling` turns interrupts off for the first poller of a
 //! queue and back on (draining once more) for the last.
 
@@ -8,13 +8,13 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::oneshot;
 
-use super::Inner;
+use super::DeviceState;
 use crate::error::Error;
 use crate::queue::{Burst, Queue};
 
-impl Inner {
+impl DeviceState {
     /// Waits for `rx`, the completion of a request on `q`: polls first
-    /// ([`Inner::poll_until`]), then sleeps on the interrupt.
+    /// ([`DeviceState::poll_until`]), then sleeps on the interrupt.
     ///
     /// # Cancel safety
     /// Cancel safe: the request's buffer stays with the queue; dropping the
@@ -41,10 +41,10 @@ impl Inner {
     }
 
     /// Waits until every request of `burst` (on `q`) has completed: polls
-    /// first ([`Inner::poll_until`]), then sleeps on the interrupt.
+    /// first ([`DeviceState::poll_until`]), then sleeps on the interrupt.
     ///
     /// # Cancel safety
-    /// As for [`Inner::wait`].
+    /// As for [`DeviceState::wait`].
     pub(crate) async fn wait_burst(&self, q: &Queue, burst: &Burst) -> Result<(), Error> {
         if self.poll_until(q, || burst.finished()).await? {
             return Ok(());
@@ -137,12 +137,12 @@ impl Inner {
 /// ring (a completion may have come while they were off, with no
 /// interrupt to announce it).
 struct Polling<'a> {
-    dev: &'a Inner,
+    dev: &'a DeviceState,
     q: &'a Queue,
 }
 
 impl<'a> Polling<'a> {
-    fn start(dev: &'a Inner, q: &'a Queue) -> Polling<'a> {
+    fn start(dev: &'a DeviceState, q: &'a Queue) -> Polling<'a> {
         let mut state = q.lock();
         state.pollers += 1;
         if state.pollers == 1 {

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{CryptoDevice, Inner};
+use super::{CryptoDevice, DeviceState};
 use crate::error::Error;
 use crate::queue::Host;
 
@@ -115,7 +115,7 @@ impl CryptoDevice {
     }
 }
 
-impl Inner {
+impl DeviceState {
     /// Marks the device suspended if it holds no request and no session
     /// lives — under both queues' locks, where submitters check, so that
     /// no request is staged after it. `Ok(false)`: requests are still in
@@ -138,7 +138,7 @@ impl Inner {
         Ok(true)
     }
 
-    /// The device marked suspended ([`Inner::mark_suspended`], with the
+    /// The device marked suspended ([`DeviceState::mark_suspended`], with the
     /// power lock held since, so that no resume came between): resets its
     /// transport and enters D3hot — holding the hardware's write lock, so
     /// that a doorbell already on its way (under the read lock) is rung

@@ -1,14 +1,14 @@
-//! Letting go of the device: `Inner::fail_all` (no more requests; those in
-//! flight fail, their memory parked), `Inner::release` (the kernel asked
+//! Letting go of the device: `DeviceState::fail_all` (no more requests; those in
+//! flight fail, their memory parked), `DeviceState::release` (the kernel asked
 //! for the device back: it is closed and its BARs unmapped), and the drop
 //! of the last handle, which quiesces the device — out of D3hot first —
 //! before its memory goes.
 
 use std::sync::atomic::Ordering;
 
-use super::Inner;
+use super::DeviceState;
 
-impl Inner {
+impl DeviceState {
     /// Gives the device back to the kernel (it asked: hot-unplug): requests
     /// in flight fail, the device fd is closed and the BARs unmapped (the
     /// removal waits for that), and nothing reaches the device again.
@@ -43,7 +43,7 @@ impl Inner {
     }
 }
 
-impl Drop for Inner {
+impl Drop for DeviceState {
     fn drop(&mut self) {
         if let Some(task) = self.reaper.lock().unwrap_or_else(|p| p.into_inner()).take() {
             task.abort();

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::oneshot;
 
-use super::{CryptoDevice, Inner};
+use super::{CryptoDevice, DeviceState};
 use crate::dma::DmaBuf;
 use crate::error::Error;
 use crate::protocol::{self, CipherAlgo, HEADER_LEN, SESSION_INPUT_LEN};
@@ -64,10 +64,10 @@ impl CryptoDevice {
 
 /// A session counted on a device while it is being created: uncounted if
 /// the creation fails or its future is dropped.
-struct SessionReservation<'a>(Option<&'a Inner>);
+struct SessionReservation<'a>(Option<&'a DeviceState>);
 
 impl<'a> SessionReservation<'a> {
-    fn new(inner: &'a Inner) -> Self {
+    fn new(inner: &'a DeviceState) -> Self {
         inner.sessions.fetch_add(1, Ordering::AcqRel);
         SessionReservation(Some(inner))
     }
@@ -86,7 +86,7 @@ impl Drop for SessionReservation<'_> {
     }
 }
 
-impl Inner {
+impl DeviceState {
     /// Submits a data request (its memory all in `buf`, its chain also
     /// written as an indirect table at `table`), waiting for room in the
     /// queue: [`Queue::enqueue_one`].

@@ -1,6 +1,6 @@
 //! The device's two background tasks and what they do: `reap`, the
 //! completion task, which wakes on the MSI-X eventfd and drains both queues
-//! (`Inner::drain`, also called by polling callers), and `watch_removal`,
+//! (`DeviceState::drain`, also called by polling callers), and `watch_removal`,
 //! which waits for the kernel's request to have the device back
 //! (hot-unplug) and releases it; `readable` registers their eventfds with
 //! the runtime.
@@ -12,7 +12,7 @@ use nix::sys::eventfd::EventFd;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use super::Inner;
+use super::DeviceState;
 use crate::error::Error;
 use crate::queue::Queue;
 
@@ -28,7 +28,7 @@ pub(super) fn readable(fd: EventFd) -> Result<AsyncFd<EventFd>, Error> {
 
 /// Waits for the kernel's request to have the device back (its removal:
 /// VFIO's request interrupt), then releases it.
-pub(super) async fn watch_removal(inner: Weak<Inner>, req: AsyncFd<EventFd>) {
+pub(super) async fn watch_removal(inner: Weak<DeviceState>, req: AsyncFd<EventFd>) {
     loop {
         let mut ready = match req.readable().await {
             Ok(r) => r,
@@ -44,7 +44,7 @@ pub(super) async fn watch_removal(inner: Weak<Inner>, req: AsyncFd<EventFd>) {
 }
 
 /// The completion task: each interrupt drains both queues.
-pub(super) async fn reap(inner: Weak<Inner>, irq: AsyncFd<EventFd>) {
+pub(super) async fn reap(inner: Weak<DeviceState>, irq: AsyncFd<EventFd>) {
     loop {
         let mut ready = match irq.readable().await {
             Ok(r) => r,
@@ -65,7 +65,7 @@ pub(super) async fn reap(inner: Weak<Inner>, irq: AsyncFd<EventFd>) {
     }
 }
 
-impl Inner {
+impl DeviceState {
     /// Hands every completed request of `q` back to its caller; how many
     /// callers that finished (whose tasks may now go on). A completion that
     /// breaks the ring's rules fails the device ([`Host::broken`]).
