@@ -13,6 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::Backends;
+use crate::key::key;
 use crate::setup::{self, Error};
 
 #[derive(Args, Debug)]
@@ -137,12 +138,6 @@ enum Session {
     Cipher(Arc<CipherSession>),
     Aead(Arc<AeadSession>),
     Crc(Box<CrcSession>),
-}
-
-fn key(len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(61).wrapping_add(3))
-        .collect()
 }
 
 async fn session(offload: &Offload, alg: Algorithm) -> Result<Session, Error> {

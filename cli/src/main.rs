@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 mod bench;
+mod key;
 mod plot;
 mod scenario;
 mod setup;

@@ -12,6 +12,7 @@ use crypto_offload::{
 };
 
 use crate::bench::{human, measure, median};
+use crate::key::key;
 use crate::setup::Error;
 
 #[derive(Args, Debug)]
@@ -32,12 +33,6 @@ pub async fn run(args: ScenarioArgs) -> Result<(), Error> {
         "eip197" => eip197(time).await,
         other => Err(format!("unknown scenario {other:?}: omap, qce, mcrc64, eip197").into()),
     }
-}
-
-fn key(len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(41).wrapping_add(9))
-        .collect()
 }
 
 /// OMAP AES: 20 MB in 4 KiB requests, power per session against per request.

@@ -4,6 +4,7 @@
 //! cargo xtask vm-test                    # all three guest runs, default packages
 //! cargo xtask vm-test --run virtio -p crypto-offload-af-alg --keep
 //! cargo xtask vm-test --run vfio -p crypto-offload-fallback
+//! cargo xtask module-graph --check          # crypto-offload/src has no module cycle
 //! ```
 //!
 //! `vm-test` builds the test binaries of some workspace packages, packs them
@@ -15,6 +16,10 @@
 //! guest's serial console. The host needs `qemu-system-x86`, `busybox-static`
 //! and `linux-image-amd64` (and, for the vfio run's DPDK step, `dpdk-dev`);
 //! nothing is installed by the task itself.
+//!
+//! `module-graph` lists which top-level modules of a crate (default
+//! `crypto-offload/src`) refer to which, leaves first; with `--check` it
+//! fails naming the modules of each cycle.
 
 #![forbid(unsafe_code)]
 
@@ -25,6 +30,7 @@ mod guest_init;
 mod guest_log;
 mod initramfs;
 mod kernel;
+mod module_graph;
 mod modules;
 mod qemu;
 mod qmp;
@@ -56,16 +62,30 @@ enum Task {
     /// AF_ALG modules; a `plain` run, a `virtio` run with virtio-crypto and
     /// a `vfio` run with two virtio-crypto devices bound to vfio-pci).
     VmTest(vm_test::VmTestArgs),
+    /// List which top-level modules of a crate refer to which, leaves
+    /// first; with `--check`, fail on a cycle among them.
+    ModuleGraph(module_graph::ModuleGraphArgs),
+}
+
+/// How a task ended, when it did not fail to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Everything passed (every vm-test run; no module cycle).
+    Pass,
+    /// Something failed (vm-test's summary or module-graph's stderr says
+    /// what).
+    Fail,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.task {
         Task::VmTest(args) => vm_test::run(&args),
+        Task::ModuleGraph(args) => module_graph::run(&args),
     };
     match result {
-        Ok(vm_test::Verdict::Pass) => ExitCode::SUCCESS,
-        Ok(vm_test::Verdict::Fail) => ExitCode::FAILURE,
+        Ok(Verdict::Pass) => ExitCode::SUCCESS,
+        Ok(Verdict::Fail) => ExitCode::FAILURE,
         Err(error) => {
             eprintln!("xtask: error: {error:#}");
             ExitCode::FAILURE

@@ -25,7 +25,7 @@ use crate::guest_init::{
 use crate::initramfs::{Initramfs, Source};
 use crate::modules::{self, Skipped};
 use crate::qemu::{self, AccelChooser, AccelPolicy, Machine, RunKind};
-use crate::{dpdk, kernel, shared_libs, summary, tools};
+use crate::{Verdict, dpdk, kernel, shared_libs, summary, tools};
 
 /// gzip level of the initramfs: 0, stored. The test binaries carry ~100 MB
 /// of mostly debug info, and under TCG the guest kernel's inflate is slow:
@@ -158,15 +158,6 @@ fn runs_of_tests(plan: &[(String, Vec<RunKind>)], tests: &[TestBinary]) -> Vec<V
             runs.into_iter().collect()
         })
         .collect()
-}
-
-/// Whether every run passed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Every run passed.
-    Pass,
-    /// Some run failed (the summary says why).
-    Fail,
 }
 
 /// Runs `vm-test`.
