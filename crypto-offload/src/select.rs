@@ -255,18 +255,22 @@ pub(crate) fn predict(slots: &Slots, id: SlotId, req: Request) -> Result<Predict
 }
 
 /// The slot a request that is about to run goes to: as [`choose`], then
-/// [`rent_or_buy`] under the Latency policy, and — when `explore` is a turn
-/// — a near runner-up instead ([`runner_up`]). Unlike `choose`, which
-/// `explain` and `break_even` ask freely, this keeps account of what cold
-/// engines would have saved: call it once per request (with
-/// [`explore_turn`]).
+/// [`rent_or_buy`] under the Latency policy, and — when `explore` (asked
+/// only then: [`explore_turn`] for a request) says it is a turn — a near
+/// runner-up instead ([`runner_up`]). Unlike `choose`, which `explain` and
+/// `break_even` ask freely, this keeps account of what cold engines would
+/// have saved: call it once per request.
 #[inline]
-pub(crate) fn decide(slots: &Slots, req: Request, explore: Option<u32>) -> Decision {
+pub(crate) fn decide(
+    slots: &Slots,
+    req: Request,
+    explore: impl FnOnce() -> Option<u32>,
+) -> Decision {
     let (slot, predicted) = choose(slots, req);
     match predicted {
         Some(p) if slots.pinned.is_none() && slots.policy == Policy::Latency => {
             let mut p = rent_or_buy(slots, p, req);
-            if let Some(turn) = explore {
+            if let Some(turn) = explore() {
                 p = runner_up(slots, p, req, turn).unwrap_or(p);
             }
             (p.slot, Some(p))

@@ -145,7 +145,10 @@ fn costed(policy: Policy, pin: Option<&str>, engines: Vec<Fake>) -> Slots {
 #[test]
 fn the_cpu_alone_is_chosen_without_a_prediction() {
     let s = slots(Policy::Latency, None, vec![]);
-    assert_eq!(decide(&s, req(CBC, 1 << 20), Some(0)), (SlotId::CPU, None));
+    assert_eq!(
+        decide(&s, req(CBC, 1 << 20), || Some(0)),
+        (SlotId::CPU, None)
+    );
 }
 
 #[test]
@@ -250,14 +253,14 @@ fn pinning_to_an_engine_bypasses_the_costs_but_not_the_shape() {
     e.limits = Limits::new().with_max_request(8192);
     let s = costed(Policy::Latency, Some("e"), vec![e]);
     // The CPU would win at 4 KiB; the pin sends it to the engine anyway.
-    assert_eq!(name(&s, decide(&s, req(CBC, 4096), Some(0))), "e");
+    assert_eq!(name(&s, decide(&s, req(CBC, 4096), || Some(0))), "e");
     // Too large for it: the CPU.
-    assert_eq!(name(&s, decide(&s, req(CBC, 1 << 20), None)), "cpu");
+    assert_eq!(name(&s, decide(&s, req(CBC, 1 << 20), || None)), "cpu");
     // Uncalibrated for GCM: still the engine, without a prediction.
-    assert_eq!(decide(&s, req(GCM, 4096), None), (id(&s, "e"), None));
+    assert_eq!(decide(&s, req(GCM, 4096), || None), (id(&s, "e"), None));
     // Pinned to the CPU: always the CPU.
     let s = costed(Policy::Latency, Some("cpu"), vec![engine("e")]);
-    assert_eq!(decide(&s, req(CBC, 1 << 24), None), (SlotId::CPU, None));
+    assert_eq!(decide(&s, req(CBC, 1 << 24), || None), (SlotId::CPU, None));
 }
 
 #[test]
@@ -312,10 +315,10 @@ fn a_cold_engine_is_woken_once_the_time_it_would_have_saved_pays_its_resume() {
     // Warm it would save 262_244 - 36_214 ≈ 226 µs a request, cold it
     // costs 1 ms more: the CPU for the first four, the fifth wakes it.
     let chosen: Vec<_> = (0..5)
-        .map(|_| name(&s, decide(&s, large, None)).to_owned())
+        .map(|_| name(&s, decide(&s, large, || None)).to_owned())
         .collect();
     assert_eq!(chosen, ["cpu", "cpu", "cpu", "cpu", "e"]);
-    let woken = decide(&s, large, None).1;
+    let woken = decide(&s, large, || None).1;
     assert!(
         woken.is_none_or(|p| p.slot == SlotId::CPU),
         "regret restarts"
@@ -335,13 +338,13 @@ fn a_turn_to_explore_goes_to_a_near_runner_up_in_turn() {
     // b 10% slower than a: near. The CPU, far behind at 1 MiB, is not.
     s.set_cost(b, CBC, ENC, Cost::new(11_000.0, 0.11, 2_000.0, 0.0, 1));
     let large = req(CBC, 1 << 20);
-    assert_eq!(decide(&s, large, None).0, a);
-    let (slot, p) = decide(&s, large, Some(7));
+    assert_eq!(decide(&s, large, || None).0, a);
+    let (slot, p) = decide(&s, large, || Some(7));
     assert_eq!(slot, b);
     assert!(p.unwrap().explored);
     // No near rival: a turn changes nothing.
     s.set_cost(b, CBC, ENC, Cost::new(50_000.0, 1.0, 2_000.0, 0.0, 1));
-    let (slot, p) = decide(&s, large, Some(7));
+    let (slot, p) = decide(&s, large, || Some(7));
     assert_eq!(slot, a);
     assert!(!p.unwrap().explored);
 }
