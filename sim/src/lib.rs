@@ -28,7 +28,8 @@
 //! every request and every open fails.
 //!
 //! The crate uses only crypto-offload's public API (the [`Backend`] trait
-//! and its context traits, [`PowerDomain`], [`IoBuf`], [`SecretKey`]) and
+//! and its context traits, [`PowerDomain`],
+//! [`IoBuf`](crypto_offload::IoBuf), [`SecretKey`]) and
 //! `crypto-offload-fallback`'s ciphers and CRCs: a third party's backend
 //! is built the same way. By module: `config` (the settings and presets),
 //! `fate` (fault injection), `device` (queues, completion threads, parked
