@@ -31,8 +31,6 @@ pub enum BackendKind {
     Kernel,
     /// A device driven from userspace (VFIO).
     Device,
-    /// A simulated engine, for tests and benchmarks.
-    Simulated,
     /// Anything else a third party plugs in.
     Other,
 }

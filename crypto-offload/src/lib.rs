@@ -16,7 +16,6 @@ mod offload;
 mod power;
 mod select;
 mod session;
-mod sim;
 #[cfg(feature = "vfio")]
 mod vfio;
 
@@ -44,7 +43,6 @@ pub use select::{Candidate, Explanation, ParsePolicyError, Policy};
 pub use session::{
     AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
 };
-pub use sim::{SimConfig, SimEngine, SimFaults, SimPower, SimTimer};
 #[cfg(feature = "vfio")]
 pub use vfio::{
     AUTOSUSPEND_DELAY as VFIO_AUTOSUSPEND_DELAY, Unavailable as VfioUnavailable, VfioBackend,
