@@ -16,9 +16,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use crypto_offload::{AeadAlg, Algorithm, CipherAlg, CrcAlg, Offload, SimConfig, SimEngine};
+use crypto_offload::{AeadAlg, Algorithm, CipherAlg, CrcAlg, Offload};
 use crypto_offload_benches::data;
 use crypto_offload_fallback as fb;
+use crypto_offload_sim::{SimConfig, SimEngine};
 use futures::FutureExt;
 
 const SIZES: [usize; 4] = [16, 1024, 4096, 65536];

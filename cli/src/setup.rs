@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use crypto_offload::{
     AfAlgBackend, Algorithm, Backend, Direction, Offload, OffloadBuilder, Policy, Profile,
-    SimEngine, VfioBackend,
+    VfioBackend,
 };
+use crypto_offload_sim::{SimConfig, SimEngine};
 
 use crate::Backends;
 
@@ -33,7 +34,7 @@ pub fn sims(b: &Backends) -> Result<Vec<Arc<SimEngine>>, Error> {
     b.sims
         .iter()
         .map(|name| {
-            crypto_offload::SimConfig::preset(name)
+            SimConfig::preset(name)
                 .map(|mut c| {
                     c.compute_results = !b.sim_skip_results;
                     Arc::new(SimEngine::new(c))
@@ -41,7 +42,7 @@ pub fn sims(b: &Backends) -> Result<Vec<Arc<SimEngine>>, Error> {
                 .ok_or_else(|| {
                     format!(
                         "unknown --sim {name:?}; presets: {}",
-                        crypto_offload::SimConfig::PRESETS.join(", ")
+                        SimConfig::PRESETS.join(", ")
                     )
                     .into()
                 })
@@ -166,10 +167,17 @@ pub async fn probe(b: &Backends) -> Result<(), Error> {
             .clone()
             .unwrap_or_else(|| "available".to_owned());
         let algs: Vec<&str> = info.algorithms.iter().map(|a| a.name()).collect();
+        // A simulated engine is `BackendKind::Other` to crypto-offload: the kind
+        // column still says what it is.
+        let kind = if sims.iter().any(|s| s.name() == info.name) {
+            "simulated".to_owned()
+        } else {
+            format!("{:?}", info.kind).to_lowercase()
+        };
         println!(
             "{:<14} {:<10} {:<12} {:<44} {}",
             info.name,
-            format!("{:?}", info.kind).to_lowercase(),
+            kind,
             power,
             status,
             algs.join(" ")

@@ -23,6 +23,10 @@ fn probe_lists_the_cpu_and_the_simulated_engines() {
         assert!(out.contains(name), "{name} missing from:\n{out}");
     }
     assert!(out.contains("CRC-64/NVME"));
+    // The simulator is `BackendKind::Other` to crypto-offload; probe still
+    // calls the engines it added simulated.
+    let qce = out.lines().find(|l| l.starts_with("sim:qce")).unwrap();
+    assert!(qce.contains(" simulated "), "{qce}");
     // AF_ALG is either there (engines or none) or unavailable with a reason.
     let af_alg = out.lines().find(|l| l.starts_with("AF_ALG:")).unwrap();
     assert!(

@@ -19,7 +19,6 @@ mod policy;
 mod power;
 mod select;
 mod session;
-mod sim;
 mod slot;
 #[cfg(feature = "vfio")]
 mod vfio;
@@ -49,7 +48,6 @@ pub use select::{Candidate, Explanation};
 pub use session::{
     AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
 };
-pub use sim::{SimConfig, SimEngine, SimFaults, SimPower, SimTimer};
 #[cfg(feature = "vfio")]
 pub use vfio::VfioBackend;
 

@@ -162,8 +162,8 @@ async fn request_errors_convert_for_question_mark_and_hide_the_buffer() {
 async fn debug_output_never_shows_key_bytes() {
     let offload = Offload::discover().await.unwrap();
     // Sessions whose contexts an engine holds (the `dyn Backend` path).
-    let sim = std::sync::Arc::new(crypto_offload::SimEngine::new(
-        crypto_offload::SimConfig::new(
+    let sim = std::sync::Arc::new(crypto_offload_sim::SimEngine::new(
+        crypto_offload_sim::SimConfig::new(
             "sim:keys",
             vec![CipherAlg::Aes256Xts.into(), AeadAlg::Aes256Gcm.into()],
             std::time::Duration::from_micros(10),

@@ -39,9 +39,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use crypto_offload::{
     AeadAlg, AeadSession, Algorithm, Buffer, CipherAlg, CipherSession, CrcAlg, CrcSession, Error,
-    Offload, Policy, RequestError, SimConfig, SimEngine, SimFaults, SimPower, SimTimer,
+    Offload, Policy, RequestError,
 };
 use crypto_offload_fallback::Crc;
+use crypto_offload_sim::{SimConfig, SimEngine, SimFaults, SimPower, SimTimer};
 
 /// SplitMix64: a seeded generator small enough to read.
 struct Rng(u64);

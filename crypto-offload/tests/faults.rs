@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use crypto_offload::{
     AeadAlg, AeadSession, Algorithm, CipherAlg, CipherSession, Direction, Offload, Policy, Profile,
-    SimConfig, SimEngine, SimFaults, SimTimer,
 };
+use crypto_offload_sim::{SimConfig, SimEngine, SimFaults, SimTimer};
 use tokio::time::Instant;
 
 const REQUESTS: usize = 100_000;

@@ -17,10 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crypto_offload::{
-    AeadAlg, AeadSession, Algorithm, CipherAlg, CipherSession, Offload, Policy, SimConfig,
-    SimEngine,
-};
+use crypto_offload::{AeadAlg, AeadSession, Algorithm, CipherAlg, CipherSession, Offload, Policy};
+use crypto_offload_sim::{SimConfig, SimEngine};
 
 const SESSIONS: usize = 100;
 const IN_FLIGHT: usize = 10_000;

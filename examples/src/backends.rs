@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use crypto_offload::{Algorithm, Offload, Policy, SimConfig, SimEngine};
+use crypto_offload::{Algorithm, Offload, Policy};
+use crypto_offload_sim::{SimConfig, SimEngine};
 use serde::{Deserialize, Serialize};
 
 /// Which backends a process uses and how it chooses among them.

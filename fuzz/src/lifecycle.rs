@@ -31,9 +31,9 @@ use arbitrary::Arbitrary;
 use bytes::BytesMut;
 use crypto_offload::{
     AeadAlg, AeadSession, Algorithm, Backend, CipherAlg, CipherMode, CipherSession, CrcAlg,
-    CrcSession, Error, Offload, Policy, Profile, SimConfig, SimEngine, SimFaults, SimPower,
-    SimTimer,
+    CrcSession, Error, Offload, Policy, Profile,
 };
+use crypto_offload_sim::{SimConfig, SimEngine, SimFaults, SimPower, SimTimer};
 
 use crate::reference::{self, CrcRef};
 use crate::subjects::{profile, profile_text};

@@ -9,9 +9,9 @@
 //!   64 KiB or more slow, so that those go to tokio's blocking pool and split
 //!   over four cores (CTR, XTS units, CBC decryption, GCM, CRC with
 //!   combination) — paths the inline small requests never take;
-//! * `sim:pinned`: a simulated engine (`crypto_offload::SimEngine`, always
-//!   compiled in) with sessions pinned to it: a `dyn Backend` with owned
-//!   `IoBuf` round trips, the engine's context, queue and completion;
+//! * `sim:pinned`: a simulated engine (`crypto_offload_sim::SimEngine`) with
+//!   sessions pinned to it: a `dyn Backend` with owned `IoBuf` round trips,
+//!   the engine's context, queue and completion;
 //! * `auto`: the backends `Offload::discover()` adds — AF_ALG engines and VFIO
 //!   devices when built with the `af-alg` / `vfio` features and run where
 //!   they exist — plus a second simulated engine, with the selector choosing
@@ -30,9 +30,8 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use crypto_offload::{
-    Algorithm, Direction, Implementation, Offload, Profile, SimConfig, SimEngine, SimTimer,
-};
+use crypto_offload::{Algorithm, Direction, Implementation, Offload, Profile};
+use crypto_offload_sim::{SimConfig, SimEngine, SimTimer};
 
 /// One way of running requests, under the name mismatch reports use.
 pub struct Subject {

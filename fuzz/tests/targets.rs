@@ -8,8 +8,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crypto_offload::{Algorithm, Offload, SimConfig, SimEngine, SimTimer};
+use crypto_offload::{Algorithm, Offload};
 use crypto_offload_fuzz::{Harness, Subject, aead, cipher, crc, harness, lifecycle, seed, vectors};
+use crypto_offload_sim::{SimConfig, SimEngine, SimTimer};
 
 fn records() -> Vec<vectors::Record> {
     vectors::load(&vectors::default_dir()).expect("the vector files")

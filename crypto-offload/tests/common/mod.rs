@@ -280,7 +280,7 @@ pub fn peak_rss_kib() -> u64 {
 /// the engines run. Tests that want Auto to keep engines busy profile the
 /// CPU slower than it is: its online correction moves it at most 20x.
 pub fn profile(
-    engines: &[&crypto_offload::SimEngine],
+    engines: &[&crypto_offload_sim::SimEngine],
     engine_ns: f64,
     cpu_ns: f64,
 ) -> crypto_offload::Profile {
