@@ -312,7 +312,14 @@ async fn calibrate_engine(
             if let Some(c) = last {
                 // The closest entry's costs, with this algorithm's own
                 // operation size.
-                let c = c.with_operation_len(slot.limits(alg).and_then(|l| l.operation_len));
+                let l = slot.limits(alg).copied().unwrap_or_default();
+                let mut c = c.with_operation_len(l.operation_len);
+                c.queue_depth = l
+                    .queue_depth
+                    .map_or(u32::MAX, |d| u32::try_from(d).unwrap_or(u32::MAX).max(1));
+                if let Some((fixed, per_byte)) = l.cpu_cost {
+                    (c.cpu_fixed_ns, c.cpu_per_byte_ns) = (fixed.as_nanos() as f64, per_byte);
+                }
                 slots.set_cost(id, alg, dir, c);
             }
             continue;
