@@ -457,7 +457,6 @@ impl Backend for AfAlgBackend {
     }
 }
 
-#[async_trait]
 impl UnitCipher for af::Skcipher {
     async fn crypt_units(
         &self,

@@ -4,6 +4,7 @@
 //! unit per operation, and the cipher context over a driver session that
 //! encrypts data units.
 
+use core::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -40,16 +41,17 @@ pub(crate) fn xts_per_unit(max: usize) -> Limits {
 
 /// A driver's cipher session that encrypts or decrypts consecutive data
 /// units in place (both drivers' `crypt_units`), its errors already this
-/// crate's.
-#[async_trait]
+/// crate's. Not `async_trait`: `Cipher<S>` is generic over it, so the
+/// driver's future is awaited inside the context's (one box a request, as
+/// before this was shared).
 pub(crate) trait UnitCipher: Send + Sync + 'static {
-    async fn crypt_units(
+    fn crypt_units(
         &self,
         encrypt: bool,
         first_tweak: &[u8; 16],
         unit: usize,
         buf: Vec<u8>,
-    ) -> Result<Vec<u8>, Failed>;
+    ) -> impl Future<Output = Result<Vec<u8>, Failed>> + Send;
 }
 
 /// A cipher context over a driver session, holding the engine's power for

@@ -249,7 +249,6 @@ impl Backend for VfioBackend {
     }
 }
 
-#[async_trait]
 impl UnitCipher for vfio::CipherSession {
     async fn crypt_units(
         &self,

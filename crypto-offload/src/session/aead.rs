@@ -362,7 +362,7 @@ impl<'a, B: Buffer> Operation<'a, B> for SealOp<'a> {
         })
     }
 
-    fn job_done(&mut self, tag: Tag, buf: B) -> (B, Tag) {
+    fn job_done(&mut self, _: &[u8; 12], tag: Tag, buf: B) -> (B, Tag) {
         (buf, tag)
     }
 
@@ -388,6 +388,7 @@ impl<'a, B: Buffer> Operation<'a, B> for SealOp<'a> {
 
     fn engine_done(
         &mut self,
+        _: &[u8; 12],
         done: Result<(IoBuf, Tag), Failed>,
     ) -> Result<Result<(B, Tag), RequestError<B>>, Failed> {
         done.map(|(io, tag)| Ok((B::from_io(io), tag)))
@@ -493,7 +494,7 @@ impl<'a, B: Buffer> Operation<'a, B> for OpenOp<'a> {
         })
     }
 
-    fn job_done(&mut self, (): (), buf: B) -> B {
+    fn job_done(&mut self, _: &([u8; 12], Tag), (): (), buf: B) -> B {
         buf
     }
 
@@ -519,6 +520,7 @@ impl<'a, B: Buffer> Operation<'a, B> for OpenOp<'a> {
 
     fn engine_done(
         &mut self,
+        _: &([u8; 12], Tag),
         done: Result<IoBuf, Failed>,
     ) -> Result<Result<B, RequestError<B>>, Failed> {
         match done {

@@ -307,7 +307,7 @@ impl<'a, B: Buffer> Operation<'a, B> for CipherOp<'a> {
         })
     }
 
-    fn job_done(&mut self, (): (), buf: B) -> B {
+    fn job_done(&mut self, _: &CipherParams, (): (), buf: B) -> B {
         buf
     }
 
@@ -337,6 +337,7 @@ impl<'a, B: Buffer> Operation<'a, B> for CipherOp<'a> {
 
     fn engine_done(
         &mut self,
+        _: &CipherParams,
         done: Result<IoBuf, Failed>,
     ) -> Result<Result<B, RequestError<B>>, Failed> {
         done.map(|io| Ok(B::from_io(io)))

@@ -41,6 +41,14 @@ use crate::slot::Slots;
 pub struct CrcSession {
     alg: CrcAlg,
     state: Crc,
+    on: Engines,
+}
+
+/// What a CRC session's requests read but never change: the algorithm, the
+/// slots and the session's contexts on them (one reference for an update
+/// to hold beside the running CRC it changes, so the future stays small).
+struct Engines {
+    alg: CrcAlg,
     contexts: Contexts<dyn CrcContext>,
     slots: Arc<Slots>,
 }
@@ -50,7 +58,7 @@ impl fmt::Debug for CrcSession {
         f.debug_struct("CrcSession")
             .field("alg", &self.alg)
             .field("len", &self.state.len())
-            .field("engines", &self.contexts.open_on(&self.slots))
+            .field("engines", &self.on.contexts.open_on(&self.on.slots))
             .finish_non_exhaustive()
     }
 }
@@ -62,8 +70,11 @@ impl CrcSession {
         Ok(CrcSession {
             alg,
             state: Crc::new(alg),
-            contexts,
-            slots,
+            on: Engines {
+                alg,
+                contexts,
+                slots,
+            },
         })
     }
 
@@ -74,8 +85,8 @@ impl CrcSession {
 
     /// The backend an update of `len` bytes would go to now.
     pub fn backend_for(&self, len: usize) -> &str {
-        let asked = Asked::new(self.alg.into(), Direction::Encrypt, len);
-        self.slots[crate::select::choose(&self.slots, asked).0].name()
+        let asked = Asked::new(self.on.alg.into(), Direction::Encrypt, len);
+        self.on.slots[crate::select::choose(&self.on.slots, asked).0].name()
     }
 
     /// Feeds `buf` and hands it back.
@@ -92,10 +103,8 @@ impl CrcSession {
     pub fn update<B: Buffer>(&mut self, buf: B) -> CrcUpdate<'_, B> {
         CrcUpdate(Request::new(
             CrcOp {
-                alg: self.alg,
                 crc: &mut self.state,
-                contexts: &self.contexts,
-                slots: &self.slots,
+                on: &self.on,
             },
             buf,
         ))
@@ -133,7 +142,7 @@ impl CrcSession {
     pub fn verify(&self, expected: u64) -> Result<(), Error> {
         self.state
             .verify(expected)
-            .map_err(|e| map_error(self.alg.into(), e))
+            .map_err(|e| map_error(self.on.alg.into(), e))
     }
 }
 
@@ -159,23 +168,24 @@ impl<B: Buffer> fmt::Debug for CrcUpdate<'_, B> {
 /// An update: the session's running CRC (borrowed apart from its
 /// contexts, which an engine request borrows meanwhile).
 pub(crate) struct CrcOp<'a> {
-    alg: CrcAlg,
     crc: &'a mut Crc,
-    contexts: &'a Contexts<dyn CrcContext>,
-    slots: &'a Arc<Slots>,
+    on: &'a Engines,
 }
 
 impl CrcOp<'_> {
     /// Folds the CRC of a `len`-byte piece into the running value.
     fn fold(&mut self, piece: u64, len: usize) {
         let len = len as u64;
-        let value = combine(self.alg, self.crc.finalize(), piece, len);
-        *self.crc = Crc::resume(self.alg, value, self.crc.len().saturating_add(len));
+        let alg = self.on.alg;
+        let value = combine(alg, self.crc.finalize(), piece, len);
+        *self.crc = Crc::resume(alg, value, self.crc.len().saturating_add(len));
     }
 }
 
 impl<'a, B: Buffer> Operation<'a, B> for CrcOp<'a> {
-    type Params = ();
+    /// The length sent: what a piece's CRC is folded in with, whatever
+    /// length comes back.
+    type Params = usize;
     type Ctx = dyn CrcContext;
     type EngineOut = (IoBuf, u64);
     type JobOut = u64;
@@ -185,7 +195,7 @@ impl<'a, B: Buffer> Operation<'a, B> for CrcOp<'a> {
 
     #[inline]
     fn alg(&self) -> Algorithm {
-        self.alg.into()
+        self.on.alg.into()
     }
 
     #[inline]
@@ -195,40 +205,40 @@ impl<'a, B: Buffer> Operation<'a, B> for CrcOp<'a> {
 
     #[inline]
     fn slots(&self) -> &'a Arc<Slots> {
-        self.slots
+        &self.on.slots
     }
 
     fn contexts(&self) -> &'a Contexts<dyn CrcContext> {
-        self.contexts
+        &self.on.contexts
     }
 
     #[inline]
-    fn check(&mut self, _: &mut B) -> Result<(), Error> {
-        Ok(())
+    fn check(&mut self, buf: &mut B) -> Result<usize, Error> {
+        Ok(buf.bytes_mut().len())
     }
 
     #[inline]
-    fn run_cpu(&mut self, (): &(), mut buf: B) -> Result<B, RequestError<B>> {
+    fn run_cpu(&mut self, _: &usize, mut buf: B) -> Result<B, RequestError<B>> {
         self.crc.update(buf.bytes_mut());
         Ok(buf)
     }
 
-    fn cpu_parts(&self, (): &(), _len: usize, offered: usize) -> usize {
+    fn cpu_parts(&self, _: &usize, _len: usize, offered: usize) -> usize {
         offered
     }
 
-    fn spawn_cpu(&self, (): (), mut buf: B, parts: usize) -> CpuJob<u64, B> {
-        let alg = self.alg;
+    fn spawn_cpu(&self, _: usize, mut buf: B, parts: usize) -> CpuJob<u64, B> {
+        let alg = self.on.alg;
         tokio::task::spawn_blocking(move || (Ok(checksum_split(alg, buf.bytes_mut(), parts)), buf))
     }
 
-    fn job_done(&mut self, piece: u64, mut buf: B) -> B {
-        self.fold(piece, buf.bytes_mut().len());
+    fn job_done(&mut self, &sent: &usize, piece: u64, buf: B) -> B {
+        self.fold(piece, sent);
         buf
     }
 
     fn caller(&self) -> CrcAlg {
-        self.alg
+        self.on.alg
     }
 
     fn open_context(alg: CrcAlg, backend: &'a SharedBackend) -> OpenContext<'a, dyn CrcContext> {
@@ -238,7 +248,7 @@ impl<'a, B: Buffer> Operation<'a, B> for CrcOp<'a> {
     fn call(
         _: CrcAlg,
         ctx: &'a dyn CrcContext,
-        (): (),
+        _: usize,
         io: IoBuf,
     ) -> BoxedRequest<'a, (IoBuf, u64)> {
         ctx.checksum(io)
@@ -246,10 +256,11 @@ impl<'a, B: Buffer> Operation<'a, B> for CrcOp<'a> {
 
     fn engine_done(
         &mut self,
+        &sent: &usize,
         done: Result<(IoBuf, u64), Failed>,
     ) -> Result<Result<B, RequestError<B>>, Failed> {
         let (io, piece) = done?;
-        self.fold(piece, io.len());
+        self.fold(piece, sent);
         Ok(Ok(B::from_io(io)))
     }
 }

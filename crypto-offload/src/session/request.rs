@@ -75,7 +75,7 @@ pub(crate) trait Operation<'a, B: Buffer>: Sized {
     fn spawn_cpu(&self, params: Self::Params, buf: B, parts: usize) -> CpuJob<Self::JobOut, B>;
 
     /// A blocking-pool job's result.
-    fn job_done(&mut self, out: Self::JobOut, buf: B) -> Self::Output;
+    fn job_done(&mut self, params: &Self::Params, out: Self::JobOut, buf: B) -> Self::Output;
 
     /// What an engine call needs of the operation (the session, the
     /// direction, the associated data), copied out of it so that the
@@ -101,6 +101,7 @@ pub(crate) trait Operation<'a, B: Buffer>: Sized {
     /// replays it on the CPU.
     fn engine_done(
         &mut self,
+        params: &Self::Params,
         done: Result<Self::EngineOut, Failed>,
     ) -> Result<Result<Self::Output, RequestError<B>>, Failed>;
 }
@@ -154,10 +155,11 @@ impl<'a, O: Operation<'a, B>, B: Buffer> Request<'a, O, B> {
         mut away: Box<Away<'a, O, B>>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<O::Output, RequestError<B>>> {
+        let params = &away.params;
         let done = match &mut away.on {
             On::Cpu(job) => match Pin::new(job).poll(cx) {
                 Poll::Pending => None,
-                Poll::Ready(Ok((Ok(out), buf))) => Some(Ok(Ok(self.op.job_done(out, buf)))),
+                Poll::Ready(Ok((Ok(out), buf))) => Some(Ok(Ok(self.op.job_done(params, out, buf)))),
                 Poll::Ready(Ok((Err(e), buf))) => Some(Ok(Err(RequestError::new(
                     crate::cpu::map_error(self.op.alg(), e),
                     buf,
@@ -166,7 +168,7 @@ impl<'a, O: Operation<'a, B>, B: Buffer> Request<'a, O, B> {
             },
             On::Engine(fut) => match Pin::new(fut).poll(cx) {
                 Poll::Pending => None,
-                Poll::Ready(done) => Some(self.op.engine_done(done)),
+                Poll::Ready(done) => Some(self.op.engine_done(params, done)),
             },
         };
         let Some(done) = done else {
