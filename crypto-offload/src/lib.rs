@@ -34,7 +34,7 @@ pub use backend::{
     SharedBackend,
 };
 pub use buffer::{Buffer, IoBuf};
-pub use cost::{Cost, Direction, Profile, ProfileEntry};
+pub use cost::{Cost, Direction, Profile, ProfileEntry, ProfileError};
 pub use cpu::CpuBackend;
 pub use crypto_offload_fallback::Implementation;
 #[cfg(any(feature = "af-alg", feature = "vfio"))]
