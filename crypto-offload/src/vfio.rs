@@ -3,6 +3,26 @@
 //! named `vfio:<PCI address>`, running the AES modes its device accepts —
 //! probed by creating a session for each, not read from the bitmaps it
 //! advertises.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), crypto_offload::Error> {
+//! use std::sync::Arc;
+//!
+//! use crypto_offload::Offload;
+//! use crypto_offload::vfio::VfioBackend;
+//!
+//! let mut builder = Offload::builder();
+//! match VfioBackend::discover().await {
+//!     Ok(devices) => {
+//!         for device in devices {
+//!             builder = builder.backend(Arc::new(device));
+//!         }
+//!     }
+//!     Err(why) => eprintln!("VFIO: {why}"),
+//! }
+//! let offload = builder.build()?;
+//! # Ok(()) }
+//! ```
 
 use async_trait::async_trait;
 use crypto_offload_vfio as vfio;
@@ -12,10 +32,8 @@ use crate::backend::{
     AeadContext, Backend, BackendKind, CipherContext, CrcContext, Failed, Limits,
 };
 use crate::buffer::IoBuf;
-use crate::engine::{
-    AUTOSUSPEND_DELAY, Cipher, TIMEOUT_FIXED, TIMEOUT_PER_MIB, Unavailable, UnitCipher,
-    xts_per_unit,
-};
+pub use crate::engine::{AUTOSUSPEND_DELAY, RequestTimeout, Unavailable};
+use crate::engine::{Cipher, UnitCipher, xts_per_unit};
 use crate::error::BackendError;
 use crate::key::SecretKey;
 use crate::power::{PowerControl, PowerDomain};
@@ -38,10 +56,15 @@ pub struct VfioBackend {
 /// AF_ALG. Measured from the request's start, waits for room in the queue
 /// and the DMA pool included. The timer is tokio's: under a paused clock
 /// (`tokio::time::pause`) it fires as soon as the runtime idles.
-pub const REQUEST_TIMEOUT: vfio::RequestTimeout = vfio::RequestTimeout {
-    fixed: TIMEOUT_FIXED,
-    per_mib: TIMEOUT_PER_MIB,
-};
+pub const REQUEST_TIMEOUT: RequestTimeout = RequestTimeout::ENGINE;
+
+/// [`REQUEST_TIMEOUT`] as the driver takes it.
+fn timeout() -> vfio::RequestTimeout {
+    vfio::RequestTimeout {
+        fixed: REQUEST_TIMEOUT.fixed,
+        per_mib: REQUEST_TIMEOUT.per_mib,
+    }
+}
 
 /// The power switch: VFIO's low-power entry and exit (D3hot and back; the
 /// device is set up again after, as D3hot resets it).
@@ -223,7 +246,7 @@ impl Backend for VfioBackend {
             .cipher_session(algo_of(alg), key.expose())
             .await
             .map_err(backend_error)?
-            .with_timeout(REQUEST_TIMEOUT);
+            .with_timeout(timeout());
         Ok(Box::new(Cipher::new(s, Some(power))))
     }
 

@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 
-use crypto_offload::{Algorithm, Backend, CipherAlg, Offload, VfioBackend, testing};
+use crypto_offload::backend::Backend;
+use crypto_offload::vfio::VfioBackend;
+use crypto_offload::{Algorithm, CipherAlg, Offload, testing};
 
 fn guest_devices() -> Option<Vec<String>> {
     std::env::var("VMTEST_VFIO_DEVICES")
@@ -172,7 +174,7 @@ fn a_session_powers_the_device_and_its_drop_suspends_it() {
         assert_eq!((power.resumes, power.suspends), (1, 0));
         // The last session's drop, then the autosuspend delay: D3hot.
         drop(session);
-        tokio::time::sleep(crypto_offload::AUTOSUSPEND_DELAY).await;
+        tokio::time::sleep(crypto_offload::vfio::AUTOSUSPEND_DELAY).await;
         let start = std::time::Instant::now();
         while pci_power(&address) != down && start.elapsed().as_secs() < 3 {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -185,7 +187,7 @@ fn a_session_powers_the_device_and_its_drop_suspends_it() {
             "{address}: 1,000+ requests, {} resume, {} suspend; D0 while the session lived, D3hot {:.1} s after its drop",
             power.resumes,
             power.suspends,
-            crypto_offload::AUTOSUSPEND_DELAY.as_secs_f64()
+            crypto_offload::vfio::AUTOSUSPEND_DELAY.as_secs_f64()
         );
     });
 }
@@ -429,7 +431,8 @@ fn kernel_devices() -> Option<Vec<String>> {
 #[cfg(feature = "af-alg")]
 #[test]
 fn vfio_af_alg_and_the_cpu_in_one_offload() {
-    use crypto_offload::{AfAlgBackend, BackendKind};
+    use crypto_offload::BackendKind;
+    use crypto_offload::af_alg::AfAlgBackend;
     let _turn = exclusive();
     let (Some(_), Some(kernel)) = (guest_devices(), kernel_devices()) else {
         return;
@@ -546,7 +549,8 @@ fn vfio_af_alg_and_the_cpu_in_one_offload() {
 /// domain holds no reference.
 #[test]
 fn requests_dropped_at_random_points_through_offload_lose_nothing() {
-    use crypto_offload::{Direction, SharedBackend};
+    use crypto_offload::Direction;
+    use crypto_offload::backend::SharedBackend;
     use std::io::Write;
     let _turn = exclusive();
     if guest_devices().is_none() {
@@ -569,7 +573,7 @@ fn requests_dropped_at_random_points_through_offload_lose_nothing() {
             .collect();
         #[cfg(feature = "af-alg")]
         if kernel_devices().is_some() {
-            let found = crypto_offload::AfAlgBackend::discover().unwrap();
+            let found = crypto_offload::af_alg::AfAlgBackend::discover().unwrap();
             assert!(
                 !found.is_empty(),
                 "no AF_ALG engine beside the kernel's device"
@@ -710,7 +714,8 @@ fn requests_dropped_at_random_points_through_offload_lose_nothing() {
 /// is back. Pinned, nothing fails over to the CPU.
 #[test]
 fn overload_through_offload_pinned_and_behind_the_selector() {
-    use crypto_offload::{Policy, SharedBackend};
+    use crypto_offload::Policy;
+    use crypto_offload::backend::SharedBackend;
     use std::io::Write;
     use std::time::{Duration, Instant};
     let _turn = exclusive();

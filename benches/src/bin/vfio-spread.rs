@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crypto_offload::{Backend, CipherAlg, Offload, Policy, VfioBackend};
+use crypto_offload::backend::Backend;
+use crypto_offload::vfio::VfioBackend;
+use crypto_offload::{CipherAlg, Offload, Policy};
 
 const SIZE: usize = 16 * 1024;
 
