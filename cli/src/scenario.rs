@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use cpu_time::ProcessTime;
-use crypto_offload::{AeadAlg, Backend, CipherAlg, CrcAlg, Direction, Offload, Policy};
+use crypto_offload::backend::Backend;
+use crypto_offload::{AeadAlg, CipherAlg, CrcAlg, Direction, Offload, Policy};
 use crypto_offload_sim::{SimConfig, SimEngine};
 
 use crate::bench::{human, measure, median};

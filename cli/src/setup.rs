@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crypto_offload::{
-    AfAlgBackend, Algorithm, Backend, Direction, Offload, OffloadBuilder, Policy, Profile,
-    VfioBackend,
-};
+use crypto_offload::af_alg::AfAlgBackend;
+use crypto_offload::backend::Backend;
+use crypto_offload::vfio::VfioBackend;
+use crypto_offload::{Algorithm, Direction, Offload, OffloadBuilder, Policy, Profile};
 use crypto_offload_sim::{SimConfig, SimEngine};
 
 use crate::Backends;

@@ -7,6 +7,25 @@
 //! that run on the CPU (AES-NI, ARM CE, generic C) are left out — they never
 //! beat this process's own CPU code — but [`AfAlgBackend::with_drivers`]
 //! binds any drivers by name, CPU-backed ones included.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use crypto_offload::Offload;
+//! use crypto_offload::af_alg::AfAlgBackend;
+//!
+//! let mut builder = Offload::builder();
+//! match AfAlgBackend::discover() {
+//!     Ok(engines) => {
+//!         for engine in engines {
+//!             builder = builder.backend(Arc::new(engine));
+//!         }
+//!     }
+//!     Err(why) => eprintln!("AF_ALG: {why}"),
+//! }
+//! let offload = builder.build()?;
+//! # Ok::<(), crypto_offload::Error>(())
+//! ```
 
 use std::collections::BTreeMap;
 
@@ -18,10 +37,8 @@ use crate::backend::{
     AeadContext, Backend, BackendKind, CipherContext, CrcContext, Failed, Limits,
 };
 use crate::buffer::IoBuf;
-use crate::engine::{
-    AUTOSUSPEND_DELAY, Cipher, TIMEOUT_FIXED, TIMEOUT_PER_MIB, Unavailable, UnitCipher,
-    xts_per_unit,
-};
+pub use crate::engine::{AUTOSUSPEND_DELAY, RequestTimeout, Unavailable};
+use crate::engine::{Cipher, UnitCipher, xts_per_unit};
 use crate::error::BackendError;
 use crate::key::SecretKey;
 use crate::power::{PowerControl, PowerDomain, PowerRef};
@@ -225,10 +242,15 @@ impl AfAlgBackend {
 /// How long an AF_ALG request may take before it is given up as hung and
 /// replayed on the CPU (from a copy of its input): 2 s, plus 100 ms a MiB (a
 /// 10 MB/s floor, below any engine this crate would choose).
-pub const REQUEST_TIMEOUT: af::RequestTimeout = af::RequestTimeout {
-    fixed: TIMEOUT_FIXED,
-    per_mib: TIMEOUT_PER_MIB,
-};
+pub const REQUEST_TIMEOUT: RequestTimeout = RequestTimeout::ENGINE;
+
+/// [`REQUEST_TIMEOUT`] as the binding takes it.
+fn timeout() -> af::RequestTimeout {
+    af::RequestTimeout {
+        fixed: REQUEST_TIMEOUT.fixed,
+        per_mib: REQUEST_TIMEOUT.per_mib,
+    }
+}
 
 /// The power switch: the devices' `power/control`, `on` while a session
 /// holds the domain and `auto` (suspend when idle) after. The kernel driver
@@ -424,7 +446,7 @@ impl Backend for AfAlgBackend {
         let power = self.power_ref().await?;
         let s = af::Skcipher::bind(mode_of(alg), driver, key.expose())
             .map_err(backend_error)?
-            .with_timeout(REQUEST_TIMEOUT);
+            .with_timeout(timeout());
         Ok(Box::new(Cipher::new(s, power)))
     }
 
@@ -439,7 +461,7 @@ impl Backend for AfAlgBackend {
         let power = self.power_ref().await?;
         let a = af::Aead::bind(driver, key.expose())
             .map_err(backend_error)?
-            .with_timeout(REQUEST_TIMEOUT);
+            .with_timeout(timeout());
         Ok(Box::new(Aead(a, power)))
     }
 
@@ -452,7 +474,7 @@ impl Backend for AfAlgBackend {
             .ok_or_else(|| BackendError::Unsupported(format!("{} on AF_ALG", alg.name())))?;
         let c = af::Crc::bind(kind, driver)
             .map_err(backend_error)?
-            .with_timeout(REQUEST_TIMEOUT);
+            .with_timeout(timeout());
         Ok(Box::new(Crc(c, power)))
     }
 }

@@ -1,26 +1,90 @@
-//! The `Backend` trait: what an engine implements to serve sessions.
+//! What an engine implements to serve sessions: the [`Backend`] trait and
+//! everything its implementation names.
 //!
 //! Every engine but the CPU is reached through this trait: the AF_ALG and
-//! VFIO backends this crate ships, a third party's engine, a test double.
-//! It is object-safe (`Arc<dyn Backend>`), with async methods via
-//! `async-trait`. (The CPU backend implements it too, but sessions call the
-//! CPU code directly, without a virtual call or an allocation.)
+//! VFIO backends this crate ships (`crypto_offload::af_alg` and
+//! `crypto_offload::vfio`, behind their features), a third party's engine,
+//! a test double. It is object-safe ([`SharedBackend`] is
+//! `Arc<dyn Backend>`), with async methods through [`macro@async_trait`],
+//! re-exported here so that an implementation needs no dependency of its
+//! own for it. (The CPU backend, [`CpuBackend`](crate::cpu::CpuBackend),
+//! implements it too, but sessions call the CPU code directly, without a
+//! virtual call or an allocation.)
 //!
 //! A backend never sees invalid input: sessions check key, IV, nonce, tag
 //! and data lengths (and XTS weak keys) before a request reaches it, the same
-//! way for every backend.
+//! way for every backend. It works on the caller's buffer, moved ([`IoBuf`]),
+//! and hands it back — with a [`BackendError`] in a [`Failed`] when the
+//! request fails, so the session can replay it on the CPU. A backend that
+//! manages its device's power gives it a [`PowerDomain`] over its own
+//! [`PowerControl`]. Check an implementation with the known-answer harness
+//! (`crypto_offload::testing`, feature `testing`).
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use crypto_offload::backend::{
+//!     AeadContext, Backend, BackendError, BackendKind, CipherContext, CrcContext, Limits,
+//!     SecretKey, SharedBackend, async_trait,
+//! };
+//! use crypto_offload::cpu::CpuBackend;
+//! use crypto_offload::{AeadAlg, Algorithm, CipherAlg, CrcAlg, Offload};
+//!
+//! /// The CPU under another name: a stand-in for a real engine's driver.
+//! #[derive(Debug)]
+//! struct Engine;
+//!
+//! #[async_trait]
+//! impl Backend for Engine {
+//!     fn name(&self) -> &str {
+//!         "my-engine"
+//!     }
+//!     fn kind(&self) -> BackendKind {
+//!         BackendKind::Other
+//!     }
+//!     fn limits(&self, alg: Algorithm) -> Option<Limits> {
+//!         matches!(alg, Algorithm::Cipher(_)).then(Limits::new)
+//!     }
+//!     async fn open_cipher(
+//!         &self,
+//!         alg: CipherAlg,
+//!         key: &SecretKey,
+//!     ) -> Result<Box<dyn CipherContext>, BackendError> {
+//!         CpuBackend::new().open_cipher(alg, key).await
+//!     }
+//!     async fn open_aead(
+//!         &self,
+//!         alg: AeadAlg,
+//!         _key: &SecretKey,
+//!     ) -> Result<Box<dyn AeadContext>, BackendError> {
+//!         Err(BackendError::Unsupported(alg.name().to_owned()))
+//!     }
+//!     async fn open_crc(&self, alg: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
+//!         Err(BackendError::Unsupported(alg.name().to_owned()))
+//!     }
+//! }
+//!
+//! let engine: SharedBackend = Arc::new(Engine);
+//! let offload = Offload::builder().backend(engine).pin("my-engine").build()?;
+//! assert_eq!(offload.backends()[1].name, "my-engine");
+//! # Ok::<(), crypto_offload::Error>(())
+//! ```
 
 use core::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
+/// The attribute that makes the traits' async methods object-safe (the
+/// [`async-trait`](https://docs.rs/async-trait) crate's), for
+/// implementations of [`Backend`], its contexts and [`PowerControl`].
+pub use async_trait::async_trait;
+
+pub use crate::buffer::IoBuf;
+pub use crate::error::BackendError;
+pub use crate::key::{MAX_KEY_LEN, SecretKey};
+pub use crate::power::{PowerControl, PowerDomain, PowerRef, PowerStats};
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CrcAlg};
-use crate::buffer::IoBuf;
-use crate::error::BackendError;
-use crate::key::SecretKey;
-use crate::power::PowerDomain;
 
 /// What kind of engine a backend drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,7 +125,7 @@ impl CipherParams {
 /// ([`Backend::limits`]). The default is no limit at all.
 ///
 /// ```
-/// use crypto_offload::Limits;
+/// use crypto_offload::backend::Limits;
 ///
 /// // An engine whose XTS takes one 16-byte-multiple data unit per operation,
 /// // at most 64 KiB, with 256 requests in flight.
@@ -213,7 +277,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn limits(&self, alg: Algorithm) -> Option<Limits>;
 
     /// The backend's device power domain, if it manages power (its contexts
-    /// hold a [`PowerRef`](crate::PowerRef) while open, and each request in
+    /// hold a [`PowerRef`] while open, and each request in
     /// flight a clone). The selector counts a resume when it is suspended.
     fn power(&self) -> Option<&PowerDomain> {
         None

@@ -103,9 +103,9 @@ fn bytes_from_vec(v: &mut Vec<u8>) -> BytesMut {
     b
 }
 
-/// The owned buffer a [`Backend`](crate::Backend) works on: the caller's
-/// `Vec<u8>` or `BytesMut`, moved, not copied. Its heap storage does not move
-/// while the backend holds it.
+/// The owned buffer a [`Backend`](crate::backend::Backend) works on: the
+/// caller's `Vec<u8>` or `BytesMut`, moved, not copied. Its heap storage does
+/// not move while the backend holds it.
 pub struct IoBuf(Storage);
 
 enum Storage {

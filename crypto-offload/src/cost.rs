@@ -421,25 +421,102 @@ pub struct ProfileEntry {
 }
 
 impl Profile {
-    /// Parses a TOML profile.
+    /// Parses a TOML profile (what [`Profile::to_toml`] writes).
+    ///
+    /// ```
+    /// use crypto_offload::{Profile, ProfileError};
+    ///
+    /// let profile = crypto_offload::Offload::builder().build()?.profile();
+    /// assert_eq!(Profile::from_toml(&profile.to_toml()?)?, profile);
+    ///
+    /// let err = Profile::from_toml("[[entry]]\nbackend = 3\n").unwrap_err();
+    /// assert!(matches!(err, ProfileError::Parse { line: Some(2), .. }), "{err}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
-    /// The TOML error.
-    pub fn from_toml(text: &str) -> Result<Self, toml::de::Error> {
-        toml::from_str(text)
+    /// [`ProfileError::Parse`]: the text is not TOML, or not a profile (a
+    /// field missing or of the wrong type), with the line and column.
+    pub fn from_toml(text: &str) -> Result<Self, ProfileError> {
+        toml::from_str(text).map_err(|e| ProfileError::parse(text, e))
     }
 
     /// Writes the profile as TOML.
     ///
     /// # Errors
-    /// The TOML error (not expected: every field is representable).
-    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
-        toml::to_string_pretty(self)
+    /// [`ProfileError::Serialize`] (not expected: every field is
+    /// representable).
+    pub fn to_toml(&self) -> Result<String, ProfileError> {
+        toml::to_string_pretty(self).map_err(|e| ProfileError::Serialize {
+            message: e.to_string(),
+            source: Box::new(e),
+        })
     }
 
     /// The algorithm a profile entry names.
     pub(crate) fn alg(name: &str) -> Option<Algorithm> {
         Algorithm::all().find(|a| a.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// Why a [`Profile`] could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProfileError {
+    /// The text is not a profile: not TOML, or a field missing or of the
+    /// wrong type ([`Profile::from_toml`]).
+    #[error("{}{message}", location(.line, .column))]
+    Parse {
+        /// What is wrong, as the parser says it.
+        message: String,
+        /// The line it is on (1-based), where the parser knows it.
+        line: Option<usize>,
+        /// The column (1-based, in characters), where the parser knows it.
+        column: Option<usize>,
+        /// The parser's error (its `Display` quotes the line).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    /// The profile could not be written as TOML ([`Profile::to_toml`]).
+    #[error("cannot write the profile: {message}")]
+    Serialize {
+        /// What went wrong, as the writer says it.
+        message: String,
+        /// The writer's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+}
+
+impl ProfileError {
+    /// A parse error of `text`, located.
+    fn parse(text: &str, e: toml::de::Error) -> Self {
+        let (line, column) = match e.span() {
+            Some(span) => {
+                let before = &text[..span.start.min(text.len())];
+                let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+                (
+                    Some(before.matches('\n').count() + 1),
+                    Some(before[line_start..].chars().count() + 1),
+                )
+            }
+            None => (None, None),
+        };
+        ProfileError::Parse {
+            message: e.message().trim_end().to_owned(),
+            line,
+            column,
+            source: Box::new(e),
+        }
+    }
+}
+
+/// `"profile line 3, column 7: "`, or as much of it as is known.
+fn location(line: &Option<usize>, column: &Option<usize>) -> String {
+    match (*line, *column) {
+        (Some(l), Some(c)) => format!("profile line {l}, column {c}: "),
+        (Some(l), None) => format!("profile line {l}: "),
+        _ => "invalid profile: ".to_owned(),
     }
 }
 
@@ -519,6 +596,35 @@ mod tests {
         let toml = "fixed_ns = 1.0\nper_byte_ns = 0.0\ncpu_fixed_ns = 0.0\ncpu_per_byte_ns = 0.0\nparallelism = 1\n";
         let read: Cost = toml::from_str(toml).unwrap();
         assert_eq!(read.operation_len, u64::MAX);
+    }
+
+    #[test]
+    fn a_profile_error_says_where_and_keeps_the_parser_error() {
+        let text = "[[entry]]\nbackend = \"cpu\"\nalg = 7\n";
+        let err = Profile::from_toml(text).unwrap_err();
+        let ProfileError::Parse {
+            message,
+            line,
+            column,
+            ..
+        } = &err
+        else {
+            panic!("{err:?}");
+        };
+        assert_eq!((*line, *column), (Some(3), Some(7)), "{err}");
+        assert!(message.contains("string"), "{message}");
+        assert!(
+            err.to_string().starts_with("profile line 3, column 7: "),
+            "{err}"
+        );
+        let source = std::error::Error::source(&err).expect("the parser's error");
+        assert!(source.to_string().contains("alg = 7"), "{source}");
+        // Not TOML at all.
+        let err = Profile::from_toml("[[entry]\n").unwrap_err();
+        assert!(
+            matches!(err, ProfileError::Parse { line: Some(1), .. }),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,8 +1,8 @@
-//! What the engine adapters ([`af_alg`](crate::AfAlgBackend),
-//! [`vfio`](crate::VfioBackend)) share: the power and timeout settings,
-//! the "not here" reason, the shape of an engine that takes one XTS data
-//! unit per operation, and the cipher context over a driver session that
-//! encrypts data units.
+//! What the engine adapters (`af_alg`, `vfio`) share: the power and
+//! timeout settings, the "not here" reason, the shape of an engine that
+//! takes one XTS data unit per operation, and the cipher context over a
+//! driver session that encrypts data units. The public items are
+//! re-exported from both engine modules.
 
 use core::future::Future;
 use std::time::Duration;
@@ -23,6 +23,45 @@ pub(crate) const TIMEOUT_FIXED: Duration = Duration::from_secs(2);
 
 /// See [`TIMEOUT_FIXED`].
 pub(crate) const TIMEOUT_PER_MIB: Duration = Duration::from_millis(100);
+
+/// How long a request to an engine may take before it is given up as hung
+/// (and replayed on the CPU): [`fixed`](RequestTimeout::fixed), plus
+/// [`per_mib`](RequestTimeout::per_mib) for each MiB of data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct RequestTimeout {
+    /// The time every request may take.
+    pub fixed: Duration,
+    /// More time per MiB of data.
+    pub per_mib: Duration,
+}
+
+impl RequestTimeout {
+    /// The engines' timeout: [`TIMEOUT_FIXED`] plus [`TIMEOUT_PER_MIB`].
+    pub(crate) const ENGINE: RequestTimeout = RequestTimeout {
+        fixed: TIMEOUT_FIXED,
+        per_mib: TIMEOUT_PER_MIB,
+    };
+
+    /// The time a `len`-byte request may take (saturating at
+    /// `Duration::MAX`).
+    ///
+    /// ```
+    /// # #[cfg(feature = "af-alg")] {
+    /// use std::time::Duration;
+    /// use crypto_offload::af_alg::REQUEST_TIMEOUT;
+    ///
+    /// assert_eq!(REQUEST_TIMEOUT.for_len(0), Duration::from_secs(2));
+    /// assert_eq!(REQUEST_TIMEOUT.for_len(10 << 20), Duration::from_secs(3));
+    /// # }
+    /// ```
+    pub fn for_len(self, len: usize) -> Duration {
+        let mib = len as f64 / f64::from(1u32 << 20);
+        let more =
+            Duration::try_from_secs_f64(self.per_mib.as_secs_f64() * mib).unwrap_or(Duration::MAX);
+        self.fixed.saturating_add(more)
+    }
+}
 
 /// Why a kind of engine offers nothing on this machine (for `offload
 /// probe`): no AF_ALG in the kernel, no device bound to `vfio-pci`, no

@@ -1,15 +1,20 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+// The crate root is the application API: an `Offload`, its sessions and
+// their requests, the algorithms, errors and what `Offload` reports. What
+// an engine's implementor needs is in `backend`; each engine this crate
+// ships is a module of its own (`cpu`, `af_alg`, `vfio`).
+
 #[cfg(feature = "af-alg")]
-mod af_alg;
+pub mod af_alg;
 mod alg;
-mod backend;
+pub mod backend;
 mod breaker;
 mod buffer;
 mod calibrate;
 mod cost;
-mod cpu;
+pub mod cpu;
 #[cfg(any(feature = "af-alg", feature = "vfio"))]
 mod engine;
 mod error;
@@ -21,35 +26,25 @@ mod select;
 mod session;
 mod slot;
 #[cfg(feature = "vfio")]
-mod vfio;
+pub mod vfio;
 
 #[cfg(feature = "testing")]
 pub mod testing;
 
-#[cfg(feature = "af-alg")]
-pub use af_alg::AfAlgBackend;
 pub use alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
-pub use backend::{
-    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, Failed, Limits,
-    SharedBackend,
-};
-pub use buffer::{Buffer, IoBuf};
-pub use cost::{Cost, Direction, Profile, ProfileEntry};
-pub use cpu::CpuBackend;
+// In `BackendInfo`, what `Offload::backends` reports: an application that
+// reads them should not need the implementor's module.
+pub use backend::{BackendKind, PowerStats};
+pub use buffer::Buffer;
+pub use cost::{Cost, Direction, Profile, ProfileEntry, ProfileError};
 pub use crypto_offload_fallback::Implementation;
-#[cfg(any(feature = "af-alg", feature = "vfio"))]
-pub use engine::{AUTOSUSPEND_DELAY, Unavailable};
-pub use error::{BackendError, Error, LengthRule, RequestError};
-pub use key::{MAX_KEY_LEN, SecretKey};
+pub use error::{Error, LengthRule, RequestError};
 pub use offload::{BackendInfo, BackendStats, Offload, OffloadBuilder};
 pub use policy::{ParsePolicyError, Policy};
-pub use power::{PowerControl, PowerDomain, PowerRef, PowerStats};
 pub use select::{Candidate, Explanation};
 pub use session::{
     AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
 };
-#[cfg(feature = "vfio")]
-pub use vfio::VfioBackend;
 
 /// CRC combination: the CRC of `A ‖ B` from `crc(A)`, `crc(B)` and `len(B)`.
 pub use crypto_offload_fallback::combine as crc_combine;

@@ -87,9 +87,9 @@ impl Offload {
     /// calibrated when there is more than the CPU to choose from.
     ///
     /// With the `af-alg` feature, every hardware engine the kernel offers
-    /// through AF_ALG joins ([`AfAlgBackend::discover`](crate::AfAlgBackend::discover));
+    /// through AF_ALG joins ([`AfAlgBackend::discover`](crate::af_alg::AfAlgBackend::discover));
     /// with `vfio`, every virtio-crypto device bound to `vfio-pci`
-    /// ([`VfioBackend::discover`](crate::VfioBackend::discover)). A backend that is compiled
+    /// ([`VfioBackend::discover`](crate::vfio::VfioBackend::discover)). A backend that is compiled
     /// in but unavailable here (no AF_ALG, no device, no permission) is left
     /// out, never an error.
     ///
@@ -151,7 +151,7 @@ impl Offload {
         #[allow(unused_mut)]
         let mut found: Vec<SharedBackend> = Vec::new();
         #[cfg(feature = "af-alg")]
-        if let Ok(engines) = crate::AfAlgBackend::discover() {
+        if let Ok(engines) = crate::af_alg::AfAlgBackend::discover() {
             found.extend(
                 engines
                     .into_iter()
@@ -159,7 +159,7 @@ impl Offload {
             );
         }
         #[cfg(feature = "vfio")]
-        if let Ok(devices) = crate::VfioBackend::discover().await {
+        if let Ok(devices) = crate::vfio::VfioBackend::discover().await {
             found.extend(
                 devices
                     .into_iter()

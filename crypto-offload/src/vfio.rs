@@ -3,6 +3,29 @@
 //! named `vfio:<PCI address>`, running the AES modes its device accepts —
 //! probed by creating a session for each, not read from the bitmaps it
 //! advertises.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), crypto_offload::Error> {
+//! use std::sync::Arc;
+//!
+//! use crypto_offload::Offload;
+//! use crypto_offload::vfio::VfioBackend;
+//!
+//! let mut builder = Offload::builder();
+//! match VfioBackend::discover().await {
+//!     Ok(devices) => {
+//!         for device in devices {
+//!             println!("{}: {} in flight", device.address(), device.in_flight());
+//!             builder = builder.backend(Arc::new(device));
+//!         }
+//!     }
+//!     Err(why) => eprintln!("VFIO: {why}"),
+//! }
+//! let offload = builder.build()?;
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
 
 use async_trait::async_trait;
 use crypto_offload_vfio as vfio;
@@ -12,10 +35,8 @@ use crate::backend::{
     AeadContext, Backend, BackendKind, CipherContext, CrcContext, Failed, Limits,
 };
 use crate::buffer::IoBuf;
-use crate::engine::{
-    AUTOSUSPEND_DELAY, Cipher, TIMEOUT_FIXED, TIMEOUT_PER_MIB, Unavailable, UnitCipher,
-    xts_per_unit,
-};
+pub use crate::engine::{AUTOSUSPEND_DELAY, RequestTimeout, Unavailable};
+use crate::engine::{Cipher, UnitCipher, xts_per_unit};
 use crate::error::BackendError;
 use crate::key::SecretKey;
 use crate::power::{PowerControl, PowerDomain};
@@ -38,10 +59,23 @@ pub struct VfioBackend {
 /// AF_ALG. Measured from the request's start, waits for room in the queue
 /// and the DMA pool included. The timer is tokio's: under a paused clock
 /// (`tokio::time::pause`) it fires as soon as the runtime idles.
-pub const REQUEST_TIMEOUT: vfio::RequestTimeout = vfio::RequestTimeout {
-    fixed: TIMEOUT_FIXED,
-    per_mib: TIMEOUT_PER_MIB,
-};
+pub const REQUEST_TIMEOUT: RequestTimeout = RequestTimeout::ENGINE;
+
+/// [`REQUEST_TIMEOUT`] as the driver takes it.
+fn timeout() -> vfio::RequestTimeout {
+    vfio::RequestTimeout {
+        fixed: REQUEST_TIMEOUT.fixed,
+        per_mib: REQUEST_TIMEOUT.per_mib,
+    }
+}
+
+/// How long a request waiting for its completion polls the device, by
+/// default, without seeing one before it sleeps on the interrupt
+/// ([`VfioBackend::set_poll_for`]). Polling while the device completes
+/// requests skips an interrupt and a thread wake-up per batch; with no
+/// progress for this long the device is idle or slow, and sleeping burns no
+/// core.
+pub const POLL_FOR: Duration = vfio::POLL_FOR;
 
 /// The power switch: VFIO's low-power entry and exit (D3hot and back; the
 /// device is set up again after, as D3hot resets it).
@@ -133,8 +167,60 @@ impl VfioBackend {
         })
     }
 
-    /// The device.
-    pub fn device(&self) -> &vfio::CryptoDevice {
+    /// The device's PCI address (`0000:01:00.0`; the backend is named
+    /// `vfio:` and this).
+    pub fn address(&self) -> &str {
+        self.device.address()
+    }
+
+    /// Requests the device holds now.
+    pub fn in_flight(&self) -> usize {
+        self.device.in_flight()
+    }
+
+    /// Units of the device's DMA pool in use: back at its idle level when
+    /// no request is in flight (nothing leaks; cancelled requests keep
+    /// theirs until the device is done with them).
+    pub fn dma_units_in_use(&self) -> usize {
+        self.device.dma_units_in_use()
+    }
+
+    /// Times a submission found the device's queue full and waited for room
+    /// (back-pressure: more requests were sent than it holds).
+    pub fn queue_full_count(&self) -> u64 {
+        self.device.queue_full_count()
+    }
+
+    /// Whether the device is in its low-power state now (D3hot: from its
+    /// open until a session needs it, and again [`AUTOSUSPEND_DELAY`] after
+    /// the last one closes).
+    pub fn is_suspended(&self) -> bool {
+        self.device.is_suspended()
+    }
+
+    /// The device's status and its queues' indices, in one line: for
+    /// diagnosing a device that stopped answering.
+    pub fn diagnose(&self) -> String {
+        self.device.diagnose()
+    }
+
+    /// Sets how long a request waiting for its completion polls the device
+    /// without seeing one before it sleeps on the interrupt ([`POLL_FOR`]
+    /// by default). Zero: never poll — every completion comes by
+    /// interrupt, so requests stay in the device until it raises one (no
+    /// spinning, at the cost of an interrupt and a thread wake-up per
+    /// batch).
+    pub fn set_poll_for(&self, budget: Duration) {
+        self.device.set_poll_for(budget);
+    }
+
+    /// The driver's device, for this workspace's guest tests and benches
+    /// that reset it, watch its hot-unplug, or drive it directly beside
+    /// the backend (a VFIO group opens once: they cannot open a second
+    /// handle). Not part of the API: its type is the driver crate's, whose
+    /// version this crate does not promise.
+    #[doc(hidden)]
+    pub fn driver_device(&self) -> &vfio::CryptoDevice {
         &self.device
     }
 }
@@ -223,7 +309,7 @@ impl Backend for VfioBackend {
             .cipher_session(algo_of(alg), key.expose())
             .await
             .map_err(backend_error)?
-            .with_timeout(REQUEST_TIMEOUT);
+            .with_timeout(timeout());
         Ok(Box::new(Cipher::new(s, Some(power))))
     }
 
@@ -265,8 +351,6 @@ impl UnitCipher for vfio::CipherSession {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     /// What the session layer does with each driver error: a timeout or a

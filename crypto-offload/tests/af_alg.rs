@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 
-use crypto_offload::{AfAlgBackend, Algorithm, Backend, CipherAlg, Offload, testing};
+use crypto_offload::af_alg::AfAlgBackend;
+use crypto_offload::backend::Backend;
+use crypto_offload::{Algorithm, CipherAlg, Offload, testing};
 use crypto_offload_af_alg as af;
 
 fn in_guest() -> bool {
@@ -227,8 +229,10 @@ async fn a_session_holds_the_engines_runtime_pm_and_its_drop_releases_it() {
     assert_eq!(control().trim(), "on");
     assert_eq!((stats().resumes, stats().suspends), (1, 0));
     drop(s);
-    tokio::time::sleep(crypto_offload::AUTOSUSPEND_DELAY + std::time::Duration::from_millis(500))
-        .await;
+    tokio::time::sleep(
+        crypto_offload::af_alg::AUTOSUSPEND_DELAY + std::time::Duration::from_millis(500),
+    )
+    .await;
     assert_eq!(control().trim(), "auto");
     assert_eq!((stats().resumes, stats().suspends), (1, 1));
 }

@@ -4,9 +4,10 @@
 mod common;
 
 use bytes::BytesMut;
+use crypto_offload::backend::SecretKey;
 use crypto_offload::{
     AeadAlg, AeadSession, CipherAlg, CipherSession, CrcAlg, CrcSession, Error, Offload,
-    RequestError, SecretKey,
+    RequestError,
 };
 
 fn key(len: usize) -> Vec<u8> {
@@ -207,12 +208,12 @@ async fn debug_output_never_shows_key_bytes() {
         ),
         format!("{offload:?}"),
         // A backend's buffer (plaintext, maybe): its length only.
-        format!("{:?}", crypto_offload::IoBuf::from(k.clone())),
+        format!("{:?}", crypto_offload::backend::IoBuf::from(k.clone())),
         format!(
             "{:?}",
-            crypto_offload::Failed::new(
-                crypto_offload::BackendError::DeviceGone,
-                crypto_offload::IoBuf::from(BytesMut::from(&k[..]))
+            crypto_offload::backend::Failed::new(
+                crypto_offload::backend::BackendError::DeviceGone,
+                crypto_offload::backend::IoBuf::from(BytesMut::from(&k[..]))
             )
         ),
     ];

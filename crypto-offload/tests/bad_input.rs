@@ -586,5 +586,5 @@ async fn selector_queries_and_builder_settings_at_their_extremes() {
 #[test]
 fn the_key_type_is_wiped_on_drop() {
     fn wiped_on_drop<T: zeroize::ZeroizeOnDrop + zeroize::Zeroize>() {}
-    wiped_on_drop::<crypto_offload::SecretKey>();
+    wiped_on_drop::<crypto_offload::backend::SecretKey>();
 }

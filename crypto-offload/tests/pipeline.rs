@@ -11,9 +11,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use crypto_offload::backend::{
+    AeadContext, Backend, BackendError, CipherContext, CipherParams, CrcContext, Failed, IoBuf,
+    Limits, SecretKey, SharedBackend,
+};
 use crypto_offload::{
-    AeadAlg, AeadContext, Algorithm, Backend, BackendError, BackendKind, CipherAlg, CipherContext,
-    CrcAlg, CrcContext, Direction, Error, Limits, Offload, SecretKey, SharedBackend,
+    AeadAlg, Algorithm, BackendKind, CipherAlg, CrcAlg, Direction, Error, Offload,
 };
 
 fn key(len: usize) -> Vec<u8> {
@@ -301,19 +304,11 @@ struct Slow<C: ?Sized>(Box<C>, Duration);
 
 #[async_trait]
 impl CipherContext for Slow<dyn CipherContext> {
-    async fn encrypt(
-        &self,
-        p: crypto_offload::CipherParams,
-        buf: crypto_offload::IoBuf,
-    ) -> Result<crypto_offload::IoBuf, crypto_offload::Failed> {
+    async fn encrypt(&self, p: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
         tokio::time::sleep(self.1).await;
         self.0.encrypt(p, buf).await
     }
-    async fn decrypt(
-        &self,
-        p: crypto_offload::CipherParams,
-        buf: crypto_offload::IoBuf,
-    ) -> Result<crypto_offload::IoBuf, crypto_offload::Failed> {
+    async fn decrypt(&self, p: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
         tokio::time::sleep(self.1).await;
         self.0.decrypt(p, buf).await
     }
@@ -325,8 +320,8 @@ impl AeadContext for Slow<dyn AeadContext> {
         &self,
         nonce: [u8; 12],
         aad: &[u8],
-        buf: crypto_offload::IoBuf,
-    ) -> Result<(crypto_offload::IoBuf, [u8; 16]), crypto_offload::Failed> {
+        buf: IoBuf,
+    ) -> Result<(IoBuf, [u8; 16]), Failed> {
         tokio::time::sleep(self.1).await;
         self.0.seal(nonce, aad, buf).await
     }
@@ -334,9 +329,9 @@ impl AeadContext for Slow<dyn AeadContext> {
         &self,
         nonce: [u8; 12],
         aad: &[u8],
-        buf: crypto_offload::IoBuf,
+        buf: IoBuf,
         tag: [u8; 16],
-    ) -> Result<crypto_offload::IoBuf, crypto_offload::Failed> {
+    ) -> Result<IoBuf, Failed> {
         tokio::time::sleep(self.1).await;
         self.0.open(nonce, aad, buf, tag).await
     }
@@ -366,7 +361,7 @@ impl Backend for TwoQueues {
         alg: CipherAlg,
         key: &SecretKey,
     ) -> Result<Box<dyn CipherContext>, BackendError> {
-        let c = crypto_offload::CpuBackend::new()
+        let c = crypto_offload::cpu::CpuBackend::new()
             .open_cipher(alg, key)
             .await?;
         Ok(Box::new(Slow(c, Duration::from_millis(150))))
@@ -376,7 +371,7 @@ impl Backend for TwoQueues {
         alg: AeadAlg,
         key: &SecretKey,
     ) -> Result<Box<dyn AeadContext>, BackendError> {
-        let c = crypto_offload::CpuBackend::new()
+        let c = crypto_offload::cpu::CpuBackend::new()
             .open_aead(alg, key)
             .await?;
         Ok(Box::new(Slow(c, Duration::from_millis(150))))
@@ -441,10 +436,7 @@ struct ShortCrc(Box<dyn CrcContext>);
 
 #[async_trait]
 impl CrcContext for ShortCrc {
-    async fn checksum(
-        &self,
-        buf: crypto_offload::IoBuf,
-    ) -> Result<(crypto_offload::IoBuf, u64), crypto_offload::Failed> {
+    async fn checksum(&self, buf: IoBuf) -> Result<(IoBuf, u64), Failed> {
         let (buf, crc) = self.0.checksum(buf).await?;
         let mut v = Vec::from(buf);
         v.truncate(v.len() / 2);

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use crypto_offload::{BackendError, PowerControl, PowerDomain};
+use crypto_offload::backend::{BackendError, PowerControl, PowerDomain, async_trait};
 
 #[derive(Clone, Default)]
 struct Switch {

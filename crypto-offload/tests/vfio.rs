@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 
-use crypto_offload::{Algorithm, Backend, CipherAlg, Offload, VfioBackend, testing};
+use crypto_offload::backend::Backend;
+use crypto_offload::vfio::VfioBackend;
+use crypto_offload::{Algorithm, CipherAlg, Offload, testing};
 
 fn guest_devices() -> Option<Vec<String>> {
     std::env::var("VMTEST_VFIO_DEVICES")
@@ -172,7 +174,7 @@ fn a_session_powers_the_device_and_its_drop_suspends_it() {
         assert_eq!((power.resumes, power.suspends), (1, 0));
         // The last session's drop, then the autosuspend delay: D3hot.
         drop(session);
-        tokio::time::sleep(crypto_offload::AUTOSUSPEND_DELAY).await;
+        tokio::time::sleep(crypto_offload::vfio::AUTOSUSPEND_DELAY).await;
         let start = std::time::Instant::now();
         while pci_power(&address) != down && start.elapsed().as_secs() < 3 {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -185,7 +187,7 @@ fn a_session_powers_the_device_and_its_drop_suspends_it() {
             "{address}: 1,000+ requests, {} resume, {} suspend; D0 while the session lived, D3hot {:.1} s after its drop",
             power.resumes,
             power.suspends,
-            crypto_offload::AUTOSUSPEND_DELAY.as_secs_f64()
+            crypto_offload::vfio::AUTOSUSPEND_DELAY.as_secs_f64()
         );
     });
 }
@@ -198,14 +200,13 @@ fn a_device_reset_mid_burst_completes_every_request_on_the_cpu() {
     };
     let rt = rt();
     rt.block_on(async {
-        let backend = VfioBackend::open(&devices[0]).await.unwrap();
-        let name = backend.name().to_owned();
-        let device = backend.device().clone();
+        let device = Arc::new(VfioBackend::open(&devices[0]).await.unwrap());
+        let name = device.name().to_owned();
         // Completions by interrupt only, so that requests pile up in the
         // device (a polling caller takes each back at once).
         device.set_poll_for(std::time::Duration::ZERO);
         let offload = Offload::builder()
-            .backend(Arc::new(backend))
+            .backend(device.clone())
             .pin(name.clone())
             .build()
             .unwrap();
@@ -236,7 +237,8 @@ fn a_device_reset_mid_burst_completes_every_request_on_the_cpu() {
             }
             tokio::task::yield_now().await;
         };
-        device.reset().unwrap();
+        // The driver's own handle: resetting a device is no backend's API.
+        device.driver_device().reset().unwrap();
         assert!(loaded, "fewer than 16 requests in the device at the reset: {in_flight}");
         let reference = Offload::builder().build().unwrap();
         let cpu = reference
@@ -305,15 +307,14 @@ fn hot_unplug_under_load_loses_nothing_and_the_device_comes_back() {
     };
     let rt = rt();
     rt.block_on(async {
-        let backend = VfioBackend::open(&address).await.unwrap();
-        let name = backend.name().to_owned();
-        let device = backend.device().clone();
+        let device = Arc::new(VfioBackend::open(&address).await.unwrap());
+        let name = device.name().to_owned();
         // Completions by interrupt only: a polling caller hands each back
         // as soon as the device writes it, and the device would never hold
         // 100 at once.
         device.set_poll_for(std::time::Duration::ZERO);
         let offload = Offload::builder()
-            .backend(Arc::new(backend))
+            .backend(device.clone())
             .pin(name.clone())
             .build()
             .unwrap();
@@ -359,7 +360,7 @@ fn hot_unplug_under_load_loses_nothing_and_the_device_comes_back() {
         qmp("device_del", r#"{"id":"crypto1"}"#);
         // PCIe hot-unplug gives the guest 5 s to cancel before it removes the
         // driver, which then asks for the device back.
-        assert!(until(30, || device.is_released()).await, "the kernel never asked for the device");
+        assert!(until(30, || device.driver_device().is_released()).await, "the kernel never asked for the device");
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         stop.store(true, Ordering::Relaxed);
         let mut done = 0u64;
@@ -369,7 +370,7 @@ fn hot_unplug_under_load_loses_nothing_and_the_device_comes_back() {
         let info = offload.backends().into_iter().find(|b| b.name == name).unwrap();
         eprintln!(
             "hot-unplug: {before} requests in the device at device_del, {} when the kernel asked for it back; {done} requests all correct; {} replayed on the CPU; probe: {:?}",
-            device.released_with(),
+            device.driver_device().released_with(),
             info.stats.failures,
             info.unavailable
         );
@@ -429,7 +430,8 @@ fn kernel_devices() -> Option<Vec<String>> {
 #[cfg(feature = "af-alg")]
 #[test]
 fn vfio_af_alg_and_the_cpu_in_one_offload() {
-    use crypto_offload::{AfAlgBackend, BackendKind};
+    use crypto_offload::BackendKind;
+    use crypto_offload::af_alg::AfAlgBackend;
     let _turn = exclusive();
     let (Some(_), Some(kernel)) = (guest_devices(), kernel_devices()) else {
         return;
@@ -546,7 +548,8 @@ fn vfio_af_alg_and_the_cpu_in_one_offload() {
 /// domain holds no reference.
 #[test]
 fn requests_dropped_at_random_points_through_offload_lose_nothing() {
-    use crypto_offload::{Direction, SharedBackend};
+    use crypto_offload::Direction;
+    use crypto_offload::backend::SharedBackend;
     use std::io::Write;
     let _turn = exclusive();
     if guest_devices().is_none() {
@@ -563,13 +566,13 @@ fn requests_dropped_at_random_points_through_offload_lose_nothing() {
             .unwrap()
             .into_iter()
             .map(|d| {
-                d.device().set_poll_for(std::time::Duration::ZERO);
+                d.set_poll_for(std::time::Duration::ZERO);
                 Arc::new(d) as SharedBackend
             })
             .collect();
         #[cfg(feature = "af-alg")]
         if kernel_devices().is_some() {
-            let found = crypto_offload::AfAlgBackend::discover().unwrap();
+            let found = crypto_offload::af_alg::AfAlgBackend::discover().unwrap();
             assert!(
                 !found.is_empty(),
                 "no AF_ALG engine beside the kernel's device"
@@ -710,7 +713,8 @@ fn requests_dropped_at_random_points_through_offload_lose_nothing() {
 /// is back. Pinned, nothing fails over to the CPU.
 #[test]
 fn overload_through_offload_pinned_and_behind_the_selector() {
-    use crypto_offload::{Policy, SharedBackend};
+    use crypto_offload::Policy;
+    use crypto_offload::backend::SharedBackend;
     use std::io::Write;
     use std::time::{Duration, Instant};
     let _turn = exclusive();
@@ -725,10 +729,7 @@ fn overload_through_offload_pinned_and_behind_the_selector() {
             .into_iter()
             .map(Arc::new)
             .collect();
-        let idle: Vec<usize> = devices
-            .iter()
-            .map(|d| d.device().dma_units_in_use())
-            .collect();
+        let idle: Vec<usize> = devices.iter().map(|d| d.dma_units_in_use()).collect();
         let depth = devices
             .iter()
             .map(|d| {
@@ -800,7 +801,7 @@ fn overload_through_offload_pinned_and_behind_the_selector() {
         subjects.push(("auto (throughput)".into(), throughput));
         for (name, offload) in subjects {
             let pinned = name.ends_with("(pinned)");
-            let waits = || -> u64 { devices.iter().map(|d| d.device().queue_full_count()).sum() };
+            let waits = || -> u64 { devices.iter().map(|d| d.queue_full_count()).sum() };
             let waits_before = waits();
             let session = Arc::new(
                 offload
@@ -858,13 +859,13 @@ fn overload_through_offload_pinned_and_behind_the_selector() {
             .unwrap_or_else(|_| panic!("{name}: XTS requests still waiting after 240 s"));
             let large_took = start.elapsed();
             drop(session);
-            let drained = until(20, || devices.iter().all(|d| d.device().in_flight() == 0)).await;
+            let drained = until(20, || devices.iter().all(|d| d.in_flight() == 0)).await;
             assert!(drained, "{name}: requests left in a device");
             let back = until(20, || {
                 devices
                     .iter()
                     .zip(&idle)
-                    .all(|(d, idle)| d.device().dma_units_in_use() == *idle)
+                    .all(|(d, idle)| d.dma_units_in_use() == *idle)
             })
             .await;
             assert!(back, "{name}: DMA units not returned");

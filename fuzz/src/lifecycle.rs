@@ -29,9 +29,10 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use bytes::BytesMut;
+use crypto_offload::backend::Backend;
 use crypto_offload::{
-    AeadAlg, AeadSession, Algorithm, Backend, CipherAlg, CipherMode, CipherSession, CrcAlg,
-    CrcSession, Error, Offload, Policy, Profile,
+    AeadAlg, AeadSession, Algorithm, CipherAlg, CipherMode, CipherSession, CrcAlg, CrcSession,
+    Error, Offload, Policy, Profile,
 };
 use crypto_offload_sim::{SimConfig, SimEngine, SimFaults, SimPower, SimTimer};
 

@@ -6,10 +6,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use crypto_offload::{
-    AeadAlg, AeadContext, Algorithm, BackendError, CipherAlg, CipherContext, CipherMode,
-    CipherParams, CpuBackend, CrcAlg, CrcContext, Error, Failed, IoBuf, PowerRef,
+use crypto_offload::backend::{
+    AeadContext, BackendError, CipherContext, CipherParams, CrcContext, Failed, IoBuf, PowerRef,
 };
+use crypto_offload::cpu::CpuBackend;
+use crypto_offload::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg, Error};
 use crypto_offload_fallback as fb;
 
 use crate::engine::Shared;

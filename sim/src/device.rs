@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crypto_offload::{IoBuf, PowerRef};
+use crypto_offload::backend::{IoBuf, PowerRef};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 

@@ -4,7 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use crypto_offload::{Algorithm, BackendError, Failed, IoBuf, PowerDomain, PowerRef};
+use crypto_offload::Algorithm;
+use crypto_offload::backend::{BackendError, Failed, IoBuf, PowerDomain, PowerRef};
 use crypto_offload_fallback as fb;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;

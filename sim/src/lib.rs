@@ -29,7 +29,7 @@
 //!
 //! The crate uses only crypto-offload's public API (the [`Backend`] trait
 //! and its context traits, [`PowerDomain`],
-//! [`IoBuf`](crypto_offload::IoBuf), [`SecretKey`]) and
+//! [`IoBuf`](crypto_offload::backend::IoBuf), [`SecretKey`]) and
 //! `crypto-offload-fallback`'s ciphers and CRCs: a third party's backend
 //! is built the same way. By module: `config` (the settings and presets),
 //! `fate` (fault injection), `device` (queues, completion threads, parked
@@ -47,10 +47,10 @@ use core::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use crypto_offload::{
-    AeadAlg, AeadContext, Algorithm, Backend, BackendError, BackendKind, CipherAlg, CipherContext,
-    CrcAlg, CrcContext, Limits, PowerDomain, SecretKey,
+use crypto_offload::backend::{
+    AeadContext, Backend, BackendError, CipherContext, CrcContext, Limits, PowerDomain, SecretKey,
 };
+use crypto_offload::{AeadAlg, Algorithm, BackendKind, CipherAlg, CrcAlg};
 
 pub use config::{SimConfig, SimFaults, SimPower, SimTimer};
 

@@ -111,7 +111,7 @@ trait PowerStatsExt {
 
 impl PowerStatsExt for SimEngine {
     fn power_stats(&self) -> crypto_offload::PowerStats {
-        use crypto_offload::Backend;
+        use crypto_offload::backend::Backend;
         self.power().map(|p| p.stats()).unwrap_or_default()
     }
 }

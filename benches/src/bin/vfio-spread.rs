@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crypto_offload::{Backend, CipherAlg, Offload, Policy, VfioBackend};
+use crypto_offload::backend::Backend;
+use crypto_offload::vfio::VfioBackend;
+use crypto_offload::{CipherAlg, Offload, Policy};
 
 const SIZE: usize = 16 * 1024;
 
@@ -95,11 +97,13 @@ fn main() {
         println!(
             "AES-128-CBC encrypt, {SIZE}-byte requests, {clients} clients, {secs} s a configuration"
         );
+        // The devices alone: sessions on the driver's own handle of each
+        // backend's device (a VFIO group opens once, so not a second one).
         let mut sessions = Vec::new();
         for d in &devices {
-            d.device().resume().expect("device up");
+            d.driver_device().resume().expect("device up");
             let s = d
-                .device()
+                .driver_device()
                 .cipher_session(crypto_offload_vfio::CipherAlgo::AesCbc, &[7; 16])
                 .await
                 .expect("a session");
@@ -150,7 +154,7 @@ fn main() {
         );
         for d in &devices {
             let threads: Vec<String> = d
-                .device()
+                .driver_device()
                 .completion_threads()
                 .into_iter()
                 .map(|(t, n)| format!("{t}: {n}"))

@@ -5,11 +5,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use async_trait::async_trait;
-use crypto_offload::{
-    AeadAlg, AeadContext, Algorithm, Backend, BackendError, BackendKind, CipherAlg, CipherContext,
-    CipherParams, CpuBackend, CrcAlg, CrcContext, Failed, IoBuf, Limits, SecretKey,
+use crypto_offload::backend::{
+    AeadContext, Backend, BackendError, BackendKind, CipherContext, CipherParams, CrcContext,
+    Failed, IoBuf, Limits, SecretKey, async_trait,
 };
+use crypto_offload::cpu::CpuBackend;
+use crypto_offload::{AeadAlg, Algorithm, CipherAlg, CrcAlg};
 
 /// The CPU backend under another name and behind `dyn`: exercises the
 /// third-party path (boxed contexts, `IoBuf` round trips, CRC combination).
@@ -88,7 +89,7 @@ impl Engine {
         self
     }
 
-    pub fn shared(self) -> crypto_offload::SharedBackend {
+    pub fn shared(self) -> crypto_offload::backend::SharedBackend {
         Arc::new(self)
     }
 }
