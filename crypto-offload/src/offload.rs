@@ -126,7 +126,7 @@ impl Offload {
     /// Dropping the future before it completes leaves nothing behind.
     pub async fn discover_with(builder: OffloadBuilder) -> Result<Offload, Error> {
         let mut builder = builder;
-        for engine in Offload::discover_engines().await {
+        for engine in Offload::discover_backends().await {
             builder = builder.backend(engine);
         }
         let profiled = builder.profile.is_some();
@@ -147,7 +147,7 @@ impl Offload {
     ///
     /// # Cancel safety
     /// Dropping the future before it completes leaves nothing behind.
-    pub async fn discover_engines() -> Vec<SharedBackend> {
+    pub async fn discover_backends() -> Vec<SharedBackend> {
         #[allow(unused_mut)]
         let mut found: Vec<SharedBackend> = Vec::new();
         #[cfg(feature = "af-alg")]

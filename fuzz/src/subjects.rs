@@ -257,7 +257,7 @@ async fn build_subjects() -> Vec<Subject> {
     // their pinned subjects below: a VFIO device opens only once (its
     // group is held), and an engine's power domain is its own, so two
     // `Offload`s may share it.
-    let found = Offload::discover_engines().await;
+    let found = Offload::discover_backends().await;
     let mut builder = Offload::builder()
         .backend(plain_engine("sim:auto"))
         .profile(auto_profile("sim:auto"));

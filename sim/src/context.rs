@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
+use crypto_offload::backend::async_trait;
 use crypto_offload::backend::{
     AeadContext, BackendError, CipherContext, CipherParams, CrcContext, Failed, IoBuf, PowerRef,
 };

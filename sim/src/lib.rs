@@ -46,7 +46,7 @@ mod power;
 use core::fmt;
 use std::sync::Arc;
 
-use async_trait::async_trait;
+use crypto_offload::backend::async_trait;
 use crypto_offload::backend::{
     AeadContext, Backend, BackendError, CipherContext, CrcContext, Limits, PowerDomain, SecretKey,
 };

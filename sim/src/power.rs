@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
+use crypto_offload::backend::async_trait;
 use crypto_offload::backend::{BackendError, PowerControl, PowerDomain};
 
 use crate::config::{SimPower, SimTimer};
