@@ -218,7 +218,7 @@ impl Offload {
     pub fn break_even(&self, alg: impl Into<Algorithm>, dir: Direction) -> Option<usize> {
         let alg = alg.into();
         let on_engine = |len| {
-            !crate::select::choose(&self.slots, Request::new(alg, dir, len))
+            !crate::select::choose(&self.slots, &Request::new(alg, dir, len))
                 .0
                 .is_cpu()
         };

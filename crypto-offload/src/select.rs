@@ -184,13 +184,13 @@ pub(crate) struct Prediction {
 pub(crate) type Decision = (SlotId, Option<Prediction>);
 
 /// The prediction for one slot, or why it is not eligible.
-pub(crate) fn predict(slots: &Slots, id: SlotId, req: Request) -> Result<Prediction, Exclusion> {
+pub(crate) fn predict(slots: &Slots, id: SlotId, req: &Request) -> Result<Prediction, Exclusion> {
     let Request {
         alg,
         dir,
         len,
         unit,
-    } = req;
+    } = *req;
     let slot = &slots[id];
     // An engine that takes a data unit per operation pays (and is limited)
     // per unit.
@@ -263,7 +263,7 @@ pub(crate) fn predict(slots: &Slots, id: SlotId, req: Request) -> Result<Predict
 #[inline(always)]
 pub(crate) fn decide(
     slots: &Slots,
-    req: Request,
+    req: &Request,
     explore: impl FnOnce() -> Option<u32>,
 ) -> Decision {
     let (slot, predicted) = choose(slots, req);
@@ -282,7 +282,7 @@ pub(crate) fn decide(
 /// that cost a 16-byte CRC ~6 ns of its ~35 (measured with `perf annotate`
 /// on the session bench).
 #[inline(never)]
-fn rent_or_explore(slots: &Slots, p: Prediction, req: Request, turn: Option<u32>) -> Decision {
+fn rent_or_explore(slots: &Slots, p: Prediction, req: &Request, turn: Option<u32>) -> Decision {
     let mut p = rent_or_buy(slots, p, req);
     if let Some(turn) = turn {
         p = runner_up(slots, p, req, turn).unwrap_or(p);
@@ -300,7 +300,7 @@ fn rent_or_explore(slots: &Slots, p: Prediction, req: Request, turn: Option<u32>
 /// CPU, third, was never re-measured at 16 KiB, 0.93). One request in
 /// [`EXPLORE_EVERY`] of such near ties goes to a rival, costing at most
 /// `(EXPLORE_WITHIN - 1) / EXPLORE_EVERY` (under 1%) while it lasts.
-fn runner_up(slots: &Slots, chosen: Prediction, req: Request, turn: u32) -> Option<Prediction> {
+fn runner_up(slots: &Slots, chosen: Prediction, req: &Request, turn: u32) -> Option<Prediction> {
     let near = || {
         slots
             .ids()
@@ -327,7 +327,7 @@ fn runner_up(slots: &Slots, chosen: Prediction, req: Request, turn: u32) -> Opti
 /// time, this request pays the resume. A stream then costs at most about
 /// twice what the best choice in hindsight would have (the classic
 /// break-even bound), and a lone request never wakes a device for nothing.
-fn rent_or_buy(slots: &Slots, chosen: Prediction, req: Request) -> Prediction {
+fn rent_or_buy(slots: &Slots, chosen: Prediction, req: &Request) -> Prediction {
     let mut buy: Option<Prediction> = None;
     for id in slots.engine_ids() {
         // Only a powered-down engine is weighed, and whether it is one is
@@ -367,7 +367,7 @@ fn rent_or_buy(slots: &Slots, chosen: Prediction, req: Request) -> Prediction {
 /// The slot a request would run on now, with its prediction when the
 /// choice was made from the model. Free of side effects.
 #[inline(always)]
-pub(crate) fn choose(slots: &Slots, req: Request) -> Decision {
+pub(crate) fn choose(slots: &Slots, req: &Request) -> Decision {
     // The fast answers, inline in the request's poll: the CPU alone or
     // pinned (nothing to choose, nothing for a choice to learn), or a
     // request the CPU wins before the engines' queues are even looked at.
@@ -387,7 +387,7 @@ pub(crate) fn choose(slots: &Slots, req: Request) -> Decision {
 }
 
 #[inline(never)]
-fn choose_among(slots: &Slots, req: Request) -> Decision {
+fn choose_among(slots: &Slots, req: &Request) -> Decision {
     if let Some(p) = slots.pinned {
         // Pinned to an engine: its completions still teach its model (what
         // `explain` reports). A request of a shape it cannot take (too
@@ -424,7 +424,7 @@ fn choose_among(slots: &Slots, req: Request) -> Decision {
 /// The eligible prediction that `better` ranks first.
 fn least(
     slots: &Slots,
-    req: Request,
+    req: &Request,
     better: impl Fn(&Prediction, &Prediction) -> bool,
 ) -> Option<Prediction> {
     slots
@@ -445,7 +445,7 @@ fn least(
 /// idles — and that takes less of this machine's CPU than doing the work
 /// here would (otherwise offloading frees nothing). The CPU takes the rest.
 /// Engines and CPU then work at once, each at its own capacity.
-fn spread(slots: &Slots, req: Request) -> Option<Prediction> {
+fn spread(slots: &Slots, req: &Request) -> Option<Prediction> {
     let cpu = predict(slots, SlotId::CPU, req).ok();
     let cpu_busy = slots.cpu_slot().model.in_flight.load(Ordering::Relaxed);
     if cpu.is_some() && (cpu_busy == 0 || cpu_busy + 1 < slots.cores) {
@@ -469,7 +469,7 @@ fn spread(slots: &Slots, req: Request) -> Option<Prediction> {
 
 /// Every candidate's reckoning for a `len`-byte request, and the choice.
 pub(crate) fn explain(slots: &Slots, alg: Algorithm, dir: Direction, len: usize) -> Explanation {
-    let req = Request::new(alg, dir, len);
+    let req = &Request::new(alg, dir, len);
     let (choice, _) = choose(slots, req);
     let candidates = slots
         .ids()

@@ -146,7 +146,7 @@ fn costed(policy: Policy, pin: Option<&str>, engines: Vec<Fake>) -> Slots {
 fn the_cpu_alone_is_chosen_without_a_prediction() {
     let s = slots(Policy::Latency, None, vec![]);
     assert_eq!(
-        decide(&s, req(CBC, 1 << 20), || Some(0)),
+        decide(&s, &req(CBC, 1 << 20), || Some(0)),
         (SlotId::CPU, None)
     );
 }
@@ -155,12 +155,12 @@ fn the_cpu_alone_is_chosen_without_a_prediction() {
 fn latency_takes_the_cpu_for_small_requests_and_the_engine_for_large_ones() {
     let s = costed(Policy::Latency, None, vec![engine("e")]);
     // Break-even: 100 + n = 10_000 + 0.1 n → n = 11_000.
-    assert_eq!(name(&s, choose(&s, req(CBC, 4096))), "cpu");
-    assert_eq!(name(&s, choose(&s, req(CBC, 64 * 1024))), "e");
+    assert_eq!(name(&s, choose(&s, &req(CBC, 4096))), "cpu");
+    assert_eq!(name(&s, choose(&s, &req(CBC, 64 * 1024))), "e");
     // Below the CPU bound the answer comes without a prediction.
     assert!(s.cpu_bound(CBC, ENC) > 4096);
-    assert_eq!(choose(&s, req(CBC, 4096)).1, None);
-    let p = choose(&s, req(CBC, 64 * 1024)).1.unwrap();
+    assert_eq!(choose(&s, &req(CBC, 4096)).1, None);
+    let p = choose(&s, &req(CBC, 64 * 1024)).1.unwrap();
     assert_eq!(p.latency, 10_000.0 + 0.1 * 65_536.0);
     assert_eq!(p.cpu, 2_000.0);
 }
@@ -169,9 +169,9 @@ fn latency_takes_the_cpu_for_small_requests_and_the_engine_for_large_ones() {
 fn an_uncalibrated_engine_is_never_chosen() {
     let s = slots(Policy::Latency, None, vec![engine("e")]);
     s.set_cost(SlotId::CPU, CBC, ENC, cpu_cost());
-    assert_eq!(name(&s, choose(&s, req(CBC, 1 << 24))), "cpu");
+    assert_eq!(name(&s, choose(&s, &req(CBC, 1 << 24))), "cpu");
     assert_eq!(
-        predict(&s, id(&s, "e"), req(CBC, 1 << 24)),
+        predict(&s, id(&s, "e"), &req(CBC, 1 << 24)),
         Err(Exclusion::Uncalibrated)
     );
 }
@@ -185,19 +185,19 @@ fn shape_limits_exclude_an_engine() {
     e.runs = vec![CBC];
     let s = costed(Policy::Latency, None, vec![e]);
     let e = id(&s, "e");
-    assert!(predict(&s, e, req(CBC, 1 << 20)).is_ok());
+    assert!(predict(&s, e, &req(CBC, 1 << 20)).is_ok());
     assert_eq!(
-        predict(&s, e, req(CBC, (1 << 20) + 16)),
+        predict(&s, e, &req(CBC, (1 << 20) + 16)),
         Err(Exclusion::TooLarge)
     );
-    assert_eq!(predict(&s, e, req(CBC, 65_544)), Err(Exclusion::Length));
+    assert_eq!(predict(&s, e, &req(CBC, 65_544)), Err(Exclusion::Length));
     assert_eq!(
-        predict(&s, e, req(GCM, 65_536)),
+        predict(&s, e, &req(GCM, 65_536)),
         Err(Exclusion::Unsupported)
     );
     // Every one of those runs on the CPU.
-    assert_eq!(name(&s, choose(&s, req(CBC, (1 << 20) + 16))), "cpu");
-    assert_eq!(name(&s, choose(&s, req(CBC, 65_544))), "cpu");
+    assert_eq!(name(&s, choose(&s, &req(CBC, (1 << 20) + 16))), "cpu");
+    assert_eq!(name(&s, choose(&s, &req(CBC, 65_544))), "cpu");
 }
 
 #[test]
@@ -216,10 +216,10 @@ fn an_engine_taking_a_unit_per_operation_pays_per_unit_and_is_limited_per_unit()
         len: 65_536,
         unit: 4096,
     };
-    let p = predict(&s, e, units).unwrap();
+    let p = predict(&s, e, &units).unwrap();
     assert_eq!(p.latency, 16.0 * 10_000.0 + 0.1 * 65_536.0);
     // One 64 KiB unit is more than it takes.
-    assert_eq!(predict(&s, e, req(XTS, 65_536)), Err(Exclusion::TooLarge));
+    assert_eq!(predict(&s, e, &req(XTS, 65_536)), Err(Exclusion::TooLarge));
 }
 
 #[test]
@@ -230,12 +230,12 @@ fn an_open_breaker_excludes_the_engine_until_it_closes() {
     // from now.
     s.failed(e, &BackendError::DeviceGone);
     assert_eq!(
-        predict(&s, e, req(CBC, 1 << 20)),
+        predict(&s, e, &req(CBC, 1 << 20)),
         Err(Exclusion::CircuitOpen)
     );
-    assert_eq!(name(&s, choose(&s, req(CBC, 1 << 20))), "cpu");
+    assert_eq!(name(&s, choose(&s, &req(CBC, 1 << 20))), "cpu");
     s[e].breaker.close();
-    assert_eq!(name(&s, choose(&s, req(CBC, 1 << 20))), "e");
+    assert_eq!(name(&s, choose(&s, &req(CBC, 1 << 20))), "e");
 }
 
 #[test]
@@ -243,7 +243,7 @@ fn a_refused_shape_does_not_open_the_breaker() {
     let s = costed(Policy::Latency, None, vec![engine("e")]);
     let e = id(&s, "e");
     s.failed(e, &BackendError::Unsupported("too long".into()));
-    assert!(predict(&s, e, req(CBC, 1 << 20)).is_ok());
+    assert!(predict(&s, e, &req(CBC, 1 << 20)).is_ok());
     assert_eq!(s[e].counters.failures.load(Ordering::Relaxed), 1);
 }
 
@@ -253,14 +253,14 @@ fn pinning_to_an_engine_bypasses_the_costs_but_not_the_shape() {
     e.limits = Limits::new().with_max_request(8192);
     let s = costed(Policy::Latency, Some("e"), vec![e]);
     // The CPU would win at 4 KiB; the pin sends it to the engine anyway.
-    assert_eq!(name(&s, decide(&s, req(CBC, 4096), || Some(0))), "e");
+    assert_eq!(name(&s, decide(&s, &req(CBC, 4096), || Some(0))), "e");
     // Too large for it: the CPU.
-    assert_eq!(name(&s, decide(&s, req(CBC, 1 << 20), || None)), "cpu");
+    assert_eq!(name(&s, decide(&s, &req(CBC, 1 << 20), || None)), "cpu");
     // Uncalibrated for GCM: still the engine, without a prediction.
-    assert_eq!(decide(&s, req(GCM, 4096), || None), (id(&s, "e"), None));
+    assert_eq!(decide(&s, &req(GCM, 4096), || None), (id(&s, "e"), None));
     // Pinned to the CPU: always the CPU.
     let s = costed(Policy::Latency, Some("cpu"), vec![engine("e")]);
-    assert_eq!(decide(&s, req(CBC, 1 << 24), || None), (SlotId::CPU, None));
+    assert_eq!(decide(&s, &req(CBC, 1 << 24), || None), (SlotId::CPU, None));
 }
 
 #[test]
@@ -269,10 +269,10 @@ fn queueing_makes_a_busy_engine_lose_to_an_idle_one() {
     let (a, b) = (id(&s, "a"), id(&s, "b"));
     let large = req(CBC, 1 << 20);
     // Equal costs: the first wins the tie.
-    assert_eq!(choose(&s, large).0, a);
+    assert_eq!(choose(&s, &large).0, a);
     s[a].model.in_flight.store(3, Ordering::Relaxed);
-    assert_eq!(choose(&s, large).0, b);
-    let p = predict(&s, a, large).unwrap();
+    assert_eq!(choose(&s, &large).0, b);
+    let p = predict(&s, a, &large).unwrap();
     let service = 10_000.0 + 0.1 * (1 << 20) as f64;
     assert_eq!(p.latency, 4.0 * service);
     assert_eq!(p.expected, 4.0 * service);
@@ -286,23 +286,23 @@ fn cpu_saving_takes_the_least_cpu_within_the_bound() {
     // At 4 KiB the CPU is faster (4.2 µs against 10.4 µs) but the engine
     // takes 2 µs of CPU against 4.2: within a 1 ms bound, the engine.
     let s = costed(policy(1), None, vec![engine("e")]);
-    assert_eq!(name(&s, choose(&s, req(CBC, 4096))), "e");
+    assert_eq!(name(&s, choose(&s, &req(CBC, 4096))), "e");
     // A bound neither meets: the least latency.
     let s = costed(policy(0), None, vec![engine("e")]);
-    assert_eq!(name(&s, choose(&s, req(CBC, 4096))), "cpu");
+    assert_eq!(name(&s, choose(&s, &req(CBC, 4096))), "cpu");
 }
 
 #[test]
 fn throughput_keeps_the_cpu_while_a_core_is_free_then_feeds_the_engine() {
     let s = costed(Policy::Throughput, None, vec![engine("e")]);
     let small = req(CBC, 4096);
-    assert_eq!(name(&s, choose(&s, small)), "cpu");
+    assert_eq!(name(&s, choose(&s, &small)), "cpu");
     // Both cores busy (the deciding thread is one of them).
     s.cpu_slot().model.in_flight.store(1, Ordering::Relaxed);
-    assert_eq!(name(&s, choose(&s, small)), "e");
+    assert_eq!(name(&s, choose(&s, &small)), "e");
     // The engine full (2 per server): back to the CPU.
     s[id(&s, "e")].model.in_flight.store(2, Ordering::Relaxed);
-    assert_eq!(name(&s, choose(&s, small)), "cpu");
+    assert_eq!(name(&s, choose(&s, &small)), "cpu");
 }
 
 #[test]
@@ -315,20 +315,20 @@ fn a_cold_engine_is_woken_once_the_time_it_would_have_saved_pays_its_resume() {
     // Warm it would save 262_244 - 36_214 ≈ 226 µs a request, cold it
     // costs 1 ms more: the CPU for the first four, the fifth wakes it.
     let chosen: Vec<_> = (0..5)
-        .map(|_| name(&s, decide(&s, large, || None)).to_owned())
+        .map(|_| name(&s, decide(&s, &large, || None)).to_owned())
         .collect();
     assert_eq!(chosen, ["cpu", "cpu", "cpu", "cpu", "e"]);
-    let woken = decide(&s, large, || None).1;
+    let woken = decide(&s, &large, || None).1;
     assert!(
         woken.is_none_or(|p| p.slot == SlotId::CPU),
         "regret restarts"
     );
     // `choose` (explain, break_even) keeps no account.
     let before = s[e].model.regret_ns.get();
-    let _ = choose(&s, large);
+    let _ = choose(&s, &large);
     assert_eq!(s[e].model.regret_ns.get(), before);
     // A cold prediction is marked, and is never learned from.
-    assert!(predict(&s, e, large).unwrap().cold);
+    assert!(predict(&s, e, &large).unwrap().cold);
 }
 
 #[test]
@@ -338,13 +338,13 @@ fn a_turn_to_explore_goes_to_a_near_runner_up_in_turn() {
     // b 10% slower than a: near. The CPU, far behind at 1 MiB, is not.
     s.set_cost(b, CBC, ENC, Cost::new(11_000.0, 0.11, 2_000.0, 0.0, 1));
     let large = req(CBC, 1 << 20);
-    assert_eq!(decide(&s, large, || None).0, a);
-    let (slot, p) = decide(&s, large, || Some(7));
+    assert_eq!(decide(&s, &large, || None).0, a);
+    let (slot, p) = decide(&s, &large, || Some(7));
     assert_eq!(slot, b);
     assert!(p.unwrap().explored);
     // No near rival: a turn changes nothing.
     s.set_cost(b, CBC, ENC, Cost::new(50_000.0, 1.0, 2_000.0, 0.0, 1));
-    let (slot, p) = decide(&s, large, || Some(7));
+    let (slot, p) = decide(&s, &large, || Some(7));
     assert_eq!(slot, a);
     assert!(!p.unwrap().explored);
 }

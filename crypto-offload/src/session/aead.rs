@@ -93,7 +93,7 @@ impl AeadSession {
     /// The backend a request of `len` bytes would go to now.
     pub fn backend_for(&self, dir: Direction, len: usize) -> &str {
         let asked = Asked::new(self.alg.into(), dir, len);
-        self.slots[crate::select::choose(&self.slots, asked).0].name()
+        self.slots[crate::select::choose(&self.slots, &asked).0].name()
     }
 
     /// Encrypts `buf` in place and appends the 16-byte tag.

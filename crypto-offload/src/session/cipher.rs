@@ -95,7 +95,7 @@ impl CipherSession {
             len,
             unit,
         };
-        self.slots[crate::select::choose(&self.slots, asked).0].name()
+        self.slots[crate::select::choose(&self.slots, &asked).0].name()
     }
 
     /// XTS: treats each request as consecutive data units of `len` bytes

@@ -86,7 +86,7 @@ impl CrcSession {
     /// The backend an update of `len` bytes would go to now.
     pub fn backend_for(&self, len: usize) -> &str {
         let asked = Asked::new(self.on.alg.into(), Direction::Encrypt, len);
-        self.on.slots[crate::select::choose(&self.on.slots, asked).0].name()
+        self.on.slots[crate::select::choose(&self.on.slots, &asked).0].name()
     }
 
     /// Feeds `buf` and hands it back.

@@ -219,7 +219,7 @@ impl<'a, O: Operation<'a, B> + Unpin, B: Buffer> Future for Request<'a, O, B> {
             len,
             unit: O::unit(&params, len),
         };
-        let (slot, predicted) = crate::select::decide(slots, asked, crate::select::explore_turn);
+        let (slot, predicted) = crate::select::decide(slots, &asked, crate::select::explore_turn);
         let plan = if slot.is_cpu() {
             cpu_plan(slots, alg, dir, len)
         } else {
