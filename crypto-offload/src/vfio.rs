@@ -269,20 +269,21 @@ impl Backend for VfioBackend {
         let max = self.device.limits().max_request;
         // More wait for room in the ring (back-pressure, never lost); the
         // selector sends no more than it holds.
-        let limits = Limits::new().with_queue_depth(self.device.queue_depth());
+        let depth = self.device.queue_depth();
         Some(if c.mode() == CipherMode::Xts {
             // One tweak per request: an XTS data unit goes whole, up to
             // what the device takes (validated at open). QEMU's builtin
             // backend has no XTS ciphertext stealing ("Length 20 must be a
             // multiple of block size 16", measured).
-            Limits {
-                queue_depth: limits.queue_depth,
-                ..xts_per_unit(max).with_length_multiple(16)
-            }
+            xts_per_unit(max)
+                .with_length_multiple(16)
+                .with_queue_depth(depth)
         } else {
             // Longer CBC and CTR requests go in chained pieces of this size
             // (CTR tails are padded by the driver).
-            limits.with_operation_len(max)
+            Limits::new()
+                .with_operation_len(max)
+                .with_queue_depth(depth)
         })
     }
 
