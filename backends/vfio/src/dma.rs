@@ -25,6 +25,9 @@ pub struct DmaPool {
     used: Mutex<Vec<bool>>,
     /// Wakes a request waiting for room.
     freed: tokio::sync::Notify,
+    /// Bytes held by device-ready buffers (`DmaBuffer`), which may take
+    /// at most half the pool.
+    pub(crate) lent: std::sync::atomic::AtomicUsize,
 }
 
 impl DmaPool {
@@ -71,6 +74,7 @@ impl DmaPool {
             container,
             used: Mutex::new(vec![false; units]),
             freed: tokio::sync::Notify::new(),
+            lent: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -288,6 +292,34 @@ impl DmaBuf {
                 detail: format!("{len} bytes at {at} of {}", self.len),
             }),
         }
+    }
+
+    /// Its pool.
+    pub(crate) fn pool(&self) -> &Arc<DmaPool> {
+        &self.pool
+    }
+
+    /// `len` bytes at `at` as a shared slice: a device-ready buffer's
+    /// data, while no request holds it.
+    pub(crate) fn slice(&self, at: usize, len: usize) -> Result<&[u8], Error> {
+        let offset = self.check(at, len)?;
+        // SAFETY: as for `slice_mut`: the range is this buffer's, the
+        // device does not have it while the buffer is borrowed (a request
+        // takes the buffer by value), and `&self` excludes `slice_mut` and
+        // every write through this buffer for the slice's life.
+        unsafe { self.pool.mem.slice(offset, len) }
+    }
+
+    /// `len` bytes at `at` as a slice, to fill or read in place: a
+    /// device-ready buffer's data, while no request holds it.
+    pub(crate) fn slice_mut(&mut self, at: usize, len: usize) -> Result<&mut [u8], Error> {
+        let offset = self.check(at, len)?;
+        // SAFETY: this `DmaBuf` owns `offset..offset + len` (the pool hands
+        // a unit to one buffer at a time), and `&mut self` excludes every
+        // other access through it for the slice's life; the device is
+        // handed a buffer's memory only inside a request, which takes the
+        // `DmaBuf` by value, so it is not in the device while borrowed here.
+        unsafe { self.pool.mem.slice_mut(offset, len) }
     }
 
     /// Copies `data` in at `at`.

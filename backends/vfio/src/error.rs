@@ -120,3 +120,48 @@ impl std::fmt::Debug for Failed {
             .finish()
     }
 }
+
+/// A failed request on a device-ready buffer: the error, and the data.
+#[derive(thiserror::Error)]
+#[error("{error}")]
+pub struct BufferFailed {
+    /// What went wrong.
+    #[source]
+    pub error: Error,
+    /// The request's input, as it was handed in.
+    pub buf: Returned,
+}
+
+impl std::fmt::Debug for BufferFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferFailed")
+            .field("error", &self.error)
+            .field("buf", &self.buf)
+            .finish()
+    }
+}
+
+/// Where a failed device-ready request's input is.
+pub enum Returned {
+    /// In its buffer, as it was (the request was refused before or by the
+    /// device).
+    Device(Box<crate::DmaBuffer>),
+    /// Copied out: the device failed with the request in it, and its
+    /// memory stays with the driver until the device can no longer write
+    /// it.
+    Copied(Vec<u8>),
+    /// Not recoverable (the driver could not read its own memory back:
+    /// never expected).
+    Lost,
+}
+
+impl std::fmt::Debug for Returned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The bytes may be plaintext: lengths only.
+        match self {
+            Returned::Device(b) => write!(f, "Device({} bytes)", b.len()),
+            Returned::Copied(v) => write!(f, "Copied({} bytes)", v.len()),
+            Returned::Lost => f.write_str("Lost"),
+        }
+    }
+}

@@ -31,14 +31,12 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use tokio::sync::oneshot;
-
 use crate::device_ring::DeviceRing;
 use crate::dma::{DmaBuf, DmaPool};
 use crate::error::Error;
 use crate::limits::{self, DATA_CHAIN, Limits};
 use crate::protocol::{CipherAlgo, DeviceConfig};
-use crate::queue::{Burst, Host, Pending, Queue};
+use crate::queue::{Burst, Host, Pending, Queue, Ticket};
 use crate::request::{Chain, DmaRequest, Layout};
 use crate::session::next_iv;
 use crate::virtqueue::{Segment, SplitQueue};
@@ -96,7 +94,7 @@ type Enqueue = Pin<Box<dyn Future<Output = Result<Submitted, Error>>>>;
 
 /// What a submission turns into once the ring took it.
 enum Submitted {
-    One(oneshot::Receiver<(DmaBuf, u32)>),
+    One(Ticket<Arc<Queue>>),
     Burst(Arc<Burst>),
 }
 
@@ -207,9 +205,10 @@ impl Harness {
         };
         let (q, host) = (self.queue.clone(), self.host.clone());
         let fut: Enqueue = Box::pin(async move {
-            q.enqueue_one(&*host, buf, chain, table)
-                .await
-                .map(Submitted::One)
+            let ticket = q
+                .enqueue_one(&*host, &mut Some(buf), chain, table, None)
+                .await?;
+            Ok(Submitted::One(ticket.rehome(q.clone())))
         });
         self.callers.push(Caller {
             tags: vec![tag],
@@ -286,8 +285,8 @@ impl Harness {
                 return true;
             };
             match s {
-                Submitted::One(rx) => match rx.try_recv() {
-                    Ok((buf, _len)) => {
+                Submitted::One(ticket) => match ticket.try_take() {
+                    Some(Ok((buf, _len))) => {
                         assert_eq!(
                             buf.read_u64(0).ok(),
                             Some(caller.tags[0]),
@@ -296,8 +295,8 @@ impl Harness {
                         answered += 1;
                         false
                     }
-                    Err(oneshot::error::TryRecvError::Empty) => true,
-                    Err(oneshot::error::TryRecvError::Closed) => {
+                    None => true,
+                    Some(Err(())) => {
                         assert!(broken(), "a request was dropped with the device working");
                         false
                     }
@@ -494,6 +493,11 @@ impl Harness {
                 return;
             }
         }
+        assert_eq!(
+            state.tickets.in_use(),
+            0,
+            "a ticket outlived its caller and its request"
+        );
         drop(state);
         assert_eq!(
             self.pool.units_in_use(),

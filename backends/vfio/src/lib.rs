@@ -2,6 +2,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod buffer;
 mod device;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod device_ring;
@@ -25,9 +26,10 @@ mod transport;
 mod vfio;
 mod virtqueue;
 
+pub use buffer::DmaBuffer;
 pub use device::{CONTROL_TIMEOUT, CryptoDevice, POLL_FOR};
 pub use discover::{VIRTIO_CRYPTO, devices, unavailable_reason};
-pub use error::{Error, Failed, status_name};
+pub use error::{BufferFailed, Error, Failed, Returned, status_name};
 pub use limits::{Limits, MAX_REQUEST};
 pub use platform::POOL_BYTES;
 pub use protocol::{CipherAlgo, DeviceConfig};

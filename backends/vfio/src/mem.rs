@@ -1,7 +1,9 @@
 //! Mapped memory the device also sees: the DMA pool (anonymous memory the
 //! IOMMU maps for the device) and BARs (device registers). Never as Rust
-//! references — the device changes it behind the compiler's back — only
-//! through bounds-checked volatile loads and stores and explicit copies.
+//! references while the device may change it behind the compiler's back —
+//! only through bounds-checked volatile loads and stores and explicit
+//! copies — with one exception: a device-ready buffer's data, lent to its
+//! owner as a slice while no request holds it ([`Mapping::slice_mut`]).
 //! Every `unsafe` touching mapped memory is in this module.
 
 use std::num::NonZeroUsize;
@@ -269,6 +271,39 @@ impl Mapping {
             *b = unsafe { p.as_ptr().add(rest + i).read_volatile() };
         }
         Ok(())
+    }
+
+    /// The `len` bytes at `offset` as a slice, for a buffer the caller
+    /// fills and reads in place (a device-ready buffer).
+    ///
+    /// # Safety
+    /// The caller holds the range exclusively for the slice's life: no
+    /// other slice, copy or descriptor handed to the device covers it
+    /// meanwhile (a [`DmaBuf`](crate::dma::DmaBuf) owns its range, and
+    /// lends it to the device only inside a request, which takes it by
+    /// value).
+    // A `&mut` from `&self` is the point: the mapping is shared, the
+    // range is not (the caller's promise).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice_mut(&self, offset: usize, len: usize) -> Result<&mut [u8], Error> {
+        let p = self.at_aligned(offset, len, 1)?;
+        // SAFETY: the range is inside the mapping (checked), which stays
+        // mapped while `self` lives (the slice borrows it); bytes have no
+        // invalid values and the mapping is initialised (anonymous memory
+        // reads as zeros); exclusive access is the caller's promise.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), len) })
+    }
+
+    /// The `len` bytes at `offset` as a shared slice.
+    ///
+    /// # Safety
+    /// As for [`Mapping::slice_mut`]: nothing writes the range (neither
+    /// this process nor the device) for the slice's life.
+    pub(crate) unsafe fn slice(&self, offset: usize, len: usize) -> Result<&[u8], Error> {
+        let p = self.at_aligned(offset, len, 1)?;
+        // SAFETY: in the mapping (checked), which outlives the borrow;
+        // initialised bytes; no writer meanwhile is the caller's promise.
+        Ok(unsafe { std::slice::from_raw_parts(p.as_ptr(), len) })
     }
 
     /// Zeroes `len` bytes at `offset` (a wipe: the fence keeps the

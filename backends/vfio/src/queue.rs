@@ -2,10 +2,13 @@
 //! holds (by head descriptor), where each completion goes, and the bursts
 //! that wait for theirs.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
+use zeroize::Zeroizing;
 
 use crate::dma::DmaBuf;
 use crate::error::Error;
@@ -16,10 +19,14 @@ use crate::virtqueue::SplitQueue;
 /// is held here (not in the caller's future), so that a cancelled request
 /// never frees memory the device may still write.
 pub(crate) enum Pending {
-    /// A request with its own buffer, back to the one caller waiting.
+    /// A request with its own buffer, back to the one caller waiting on
+    /// its ticket; `rescue`, bytes of the buffer copied out for the caller
+    /// if the device fails with it (the input of a request on a
+    /// device-ready buffer, whose memory the driver keeps).
     One {
         buf: DmaBuf,
-        tx: oneshot::Sender<(DmaBuf, u32)>,
+        ticket: u32,
+        rescue: Option<Rescue>,
     },
     /// One request of a burst: the burst holds all their memory (one
     /// reference per request in the device, nothing moved per request).
@@ -27,23 +34,281 @@ pub(crate) enum Pending {
 }
 
 impl Pending {
-    /// Hands the completion on; whether that finished a caller's wait (a
-    /// request, or the last of a burst).
-    pub(crate) fn complete(self, len: u32) -> bool {
+    /// Hands the completion on (the caller's waker, if it sleeps, into
+    /// `wake`); whether that finished a caller's wait (a request, or the
+    /// last of a burst).
+    pub(crate) fn complete(self, len: u32, tickets: &mut Tickets, wake: &mut Vec<Waker>) -> bool {
         match self {
-            // A caller that went away drops the buffer: free.
-            Pending::One { buf, tx } => tx.send((buf, len)).is_ok(),
+            // A caller that went away: the buffer is freed.
+            Pending::One { buf, ticket, .. } => tickets.complete(ticket, buf, len, wake),
             Pending::Burst(burst) => burst.complete(),
         }
     }
 
     /// The device failed with the request in it: the caller's wait fails
-    /// (the sender is dropped, the burst marked); the memory the device may
+    /// (its ticket marked, the burst marked); the memory the device may
     /// still write, to be parked until it no longer can.
-    pub(crate) fn fail(self) -> Vec<DmaBuf> {
+    pub(crate) fn fail(self, tickets: &mut Tickets, wake: &mut Vec<Waker>) -> Vec<DmaBuf> {
         match self {
-            Pending::One { buf, .. } => vec![buf],
+            Pending::One {
+                buf,
+                ticket,
+                rescue,
+            } => {
+                tickets.fail(ticket, rescue.and_then(|r| r.copy(&buf)), wake);
+                vec![buf]
+            }
             Pending::Burst(burst) => burst.fail(),
+        }
+    }
+}
+
+/// Bytes of a request's buffer (`at`, `len`) to copy out for its caller if
+/// the device fails with it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rescue {
+    pub(crate) at: usize,
+    pub(crate) len: usize,
+}
+
+impl Rescue {
+    fn copy(self, buf: &DmaBuf) -> Option<Zeroizing<Vec<u8>>> {
+        let mut out = Zeroizing::new(vec![0u8; self.len]);
+        buf.read(self.at, &mut out).ok().map(|()| out)
+    }
+}
+
+/// Where a single request's completion waits for its caller.
+#[derive(Debug)]
+enum TicketState {
+    Free,
+    /// In the device; the caller's waker once it sleeps.
+    Waiting(Option<Waker>),
+    /// Completed: the request's memory and the length the device wrote.
+    Done(DmaBuf, u32),
+    /// The device failed with it (and the bytes it asked to have
+    /// rescued, copied out before its memory was parked).
+    Failed(Option<Zeroizing<Vec<u8>>>),
+    /// Its caller went away while the device had it: the completion (or
+    /// the failure) frees it.
+    Abandoned,
+}
+
+/// The completions of single requests, one slot per request from its
+/// submission until its caller takes the result: the caller's waker and
+/// then the result live in the queue (under the lock the completion is
+/// handled under anyway), so a request costs no channel and no allocation
+/// once the table has grown to the number of requests in flight. A slot is
+/// reused only once its caller is done with it (or gone, and the device
+/// too), so a caller's ticket never names another's request.
+#[derive(Debug, Default)]
+pub(crate) struct Tickets {
+    slots: Vec<TicketState>,
+    free: Vec<u32>,
+}
+
+/// What [`Queue::poll_ticket`] found.
+pub(crate) enum TicketPoll {
+    /// The result: the request's memory and length, or the device failed.
+    Ready(Result<(DmaBuf, u32), ()>),
+    /// Not yet, and nobody polls the ring: the caller polls it now (it is
+    /// counted as a poller already).
+    Lead,
+    /// Not yet; the caller's waker is registered.
+    Asleep,
+}
+
+impl Tickets {
+    /// A slot for a request being submitted.
+    fn open(&mut self) -> u32 {
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = TicketState::Waiting(None);
+                id
+            }
+            None => {
+                self.slots.push(TicketState::Waiting(None));
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    fn release(&mut self, id: u32) {
+        if let Some(slot) = self.slots.get_mut(id as usize) {
+            *slot = TicketState::Free;
+            self.free.push(id);
+        }
+    }
+
+    fn complete(&mut self, id: u32, buf: DmaBuf, len: u32, wake: &mut Vec<Waker>) -> bool {
+        let Some(slot) = self.slots.get_mut(id as usize) else {
+            return false;
+        };
+        match std::mem::replace(slot, TicketState::Done(buf, len)) {
+            TicketState::Waiting(waker) => {
+                wake.extend(waker);
+                true
+            }
+            // Its caller went away: the memory is freed (and wiped) now.
+            _ => {
+                self.release(id);
+                false
+            }
+        }
+    }
+
+    fn fail(&mut self, id: u32, rescued: Option<Zeroizing<Vec<u8>>>, wake: &mut Vec<Waker>) {
+        let Some(slot) = self.slots.get_mut(id as usize) else {
+            return;
+        };
+        match std::mem::replace(slot, TicketState::Failed(rescued)) {
+            TicketState::Waiting(waker) => wake.extend(waker),
+            _ => self.release(id),
+        }
+    }
+
+    /// The caller went away: a result is freed now; a request still in
+    /// the device is freed when it completes or fails.
+    fn abandon(&mut self, id: u32) {
+        let Some(slot) = self.slots.get_mut(id as usize) else {
+            return;
+        };
+        match slot {
+            TicketState::Waiting(_) => *slot = TicketState::Abandoned,
+            TicketState::Done(..) | TicketState::Failed(_) => self.release(id),
+            TicketState::Free | TicketState::Abandoned => {}
+        }
+    }
+
+    /// The result if there is one: a completion is taken (the slot
+    /// freed); a failure is reported and kept (for [`Tickets::rescued`]
+    /// until the ticket is dropped).
+    fn take(&mut self, id: u32) -> Option<Result<(DmaBuf, u32), ()>> {
+        let slot = self.slots.get_mut(id as usize)?;
+        let result = match std::mem::replace(slot, TicketState::Free) {
+            TicketState::Done(buf, len) => Ok((buf, len)),
+            failed @ TicketState::Failed(_) => {
+                *slot = failed;
+                return Some(Err(()));
+            }
+            other => {
+                *slot = other;
+                return None;
+            }
+        };
+        self.free.push(id);
+        Some(result)
+    }
+
+    /// Whether `id` has its result.
+    fn settled(&self, id: u32) -> bool {
+        matches!(
+            self.slots.get(id as usize),
+            Some(TicketState::Done(..) | TicketState::Failed(_)) | None
+        )
+    }
+
+    /// A sleeping caller still waiting for the device, to take over
+    /// polling the ring.
+    fn sleeper(&self) -> Option<Waker> {
+        self.slots.iter().find_map(|s| match s {
+            TicketState::Waiting(Some(w)) => Some(w.clone()),
+            _ => None,
+        })
+    }
+
+    /// Slots in use (waiting, done and not yet taken, or abandoned).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn in_use(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+}
+
+/// A caller's claim on a single request's completion (a slot of the queue's
+/// [`Tickets`]). Dropped before the result is taken, the request is
+/// abandoned: its memory is freed when the device is done with it.
+pub(crate) struct Ticket<Q: Deref<Target = Queue>> {
+    q: Q,
+    id: u32,
+    settled: bool,
+}
+
+impl<Q: Deref<Target = Queue>> Ticket<Q> {
+    /// Its queue.
+    pub(crate) fn queue(&self) -> &Queue {
+        &self.q
+    }
+
+    /// The same claim held through another handle on its queue.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn rehome<R: Deref<Target = Queue>>(mut self, q: R) -> Ticket<R> {
+        debug_assert!(std::ptr::eq(&*q, &*self.q));
+        self.settled = true;
+        Ticket {
+            q,
+            id: self.id,
+            settled: false,
+        }
+    }
+
+    /// Polls for the result: [`TicketPoll::Lead`] (counted as the queue's
+    /// poller) only if `lead` and nobody polls the ring.
+    pub(crate) fn poll(&mut self, waker: &Waker, lead: bool) -> TicketPoll {
+        let r = self.q.poll_ticket(self.id, waker, lead);
+        // A failure stays in the slot (for `rescued`) until the drop.
+        if matches!(r, TicketPoll::Ready(Ok(_))) {
+            self.settled = true;
+        }
+        r
+    }
+
+    /// The bytes its request asked to have rescued ([`Rescue`]), wherever
+    /// its memory is now — in the device, completed, or copied out when
+    /// the device failed — read under the queue's lock, so never from
+    /// memory freed meanwhile. For a caller giving up on a request.
+    pub(crate) fn rescued(&self) -> Option<Zeroizing<Vec<u8>>> {
+        let state = self.q.lock();
+        match state.tickets.slots.get(self.id as usize)? {
+            TicketState::Failed(copy) => copy.clone(),
+            TicketState::Waiting(_) => state.pending_rescue(self.id),
+            // Completed: the caller takes the result instead.
+            TicketState::Done(..) | TicketState::Free | TicketState::Abandoned => None,
+        }
+    }
+
+    /// Whether the result is there.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.q.lock().tickets.settled(self.id)
+    }
+
+    /// The result, if it is there.
+    pub(crate) fn try_take(&mut self) -> Option<Result<(DmaBuf, u32), ()>> {
+        let r = self.q.lock().tickets.take(self.id);
+        if matches!(r, Some(Ok(_))) {
+            self.settled = true;
+        }
+        r
+    }
+
+    /// Waits for the result without polling the ring (the interrupt, or
+    /// another caller's polling, delivers it): `Err(())` if the device
+    /// failed with the request.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the ticket stays valid.
+    pub(crate) async fn sleep(&mut self) -> Result<(DmaBuf, u32), ()> {
+        std::future::poll_fn(|cx| match self.poll(cx.waker(), false) {
+            TicketPoll::Ready(r) => Poll::Ready(r),
+            TicketPoll::Lead | TicketPoll::Asleep => Poll::Pending,
+        })
+        .await
+    }
+}
+
+impl<Q: Deref<Target = Queue>> Drop for Ticket<Q> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.q.lock().tickets.abandon(self.id);
         }
     }
 }
@@ -221,12 +486,28 @@ pub(crate) struct Queue {
 pub(crate) struct QueueState {
     pub(crate) ring: SplitQueue,
     pub(crate) pending: Pendings,
+    /// Where single requests' completions wait for their callers.
+    pub(crate) tickets: Tickets,
     /// Callers polling this queue for their completions; the device is
     /// asked for no interrupts while there are any.
     pub(crate) pollers: usize,
     /// Its requests were failed (reset, removal, broken): completions of
     /// the chains they left in the ring are expected, and ignored.
     pub(crate) failed: bool,
+}
+
+impl QueueState {
+    /// The rescue bytes of ticket `id`'s request, which the device holds.
+    fn pending_rescue(&self, id: u32) -> Option<Zeroizing<Vec<u8>>> {
+        self.pending.slots.iter().flatten().find_map(|p| match p {
+            Pending::One {
+                buf,
+                ticket,
+                rescue: Some(r),
+            } if *ticket == id => r.copy(buf),
+            _ => None,
+        })
+    }
 }
 
 impl Queue {
@@ -238,6 +519,7 @@ impl Queue {
             state: Mutex::new(QueueState {
                 ring,
                 pending: Pendings::new(size),
+                tickets: Tickets::default(),
                 pollers: 0,
                 failed: false,
             }),
@@ -264,12 +546,18 @@ impl Queue {
         let mut state = self.lock();
         let mut freed = 0u64;
         let mut finished = 0u64;
+        // Woken after the lock is released: a wake-up may reach another
+        // thread, which should not find the queue locked.
+        let mut wake = Vec::new();
         loop {
             match state.ring.pop_used() {
                 Ok(Some((head, len))) => {
                     freed += 1;
-                    match state.pending.remove(head) {
-                        Some(p) => finished += u64::from(p.complete(len)),
+                    let QueueState {
+                        pending, tickets, ..
+                    } = &mut *state;
+                    match pending.remove(head) {
+                        Some(p) => finished += u64::from(p.complete(len, tickets, &mut wake)),
                         None if state.failed => {}
                         None => {
                             // The ring and the requests are kept together
@@ -277,6 +565,7 @@ impl Queue {
                             // request owns is this driver's bug, never
                             // papered over.
                             drop(state);
+                            wake.into_iter().for_each(Waker::wake);
                             host.broken(
                                 self,
                                 Error::Broken(format!(
@@ -292,12 +581,14 @@ impl Queue {
                 Err(e) => {
                     tracing::error!(%e, queue = self.index, "device broke its ring");
                     drop(state);
+                    wake.into_iter().for_each(Waker::wake);
                     host.broken(self, e, Vec::new());
                     return finished;
                 }
             }
         }
         drop(state);
+        wake.into_iter().for_each(Waker::wake);
         if freed > 0 {
             if self.room_waiters.load(Ordering::Acquire) > 0 {
                 self.room.notify_waiters();
@@ -307,6 +598,72 @@ impl Queue {
         finished
     }
 
+    /// The result of ticket `id`, if it is there; else, if `lead` and no
+    /// caller polls this queue, the lead (counted as a poller, with the
+    /// device's interrupts turned off for it); else asleep, with `waker`
+    /// registered. One lock for all three, so that a poller leaving
+    /// ([`Queue::stop_polling`]) always finds the sleepers it should
+    /// hand the ring to.
+    pub(crate) fn poll_ticket(&self, id: u32, waker: &Waker, lead: bool) -> TicketPoll {
+        let mut state = self.lock();
+        if let Some(r) = state.tickets.take(id) {
+            return TicketPoll::Ready(r);
+        }
+        if lead && state.pollers == 0 && !state.failed {
+            state.pollers = 1;
+            let _ = state.ring.set_interrupts(false);
+            // The poller looks for its result itself: no wake-up for it,
+            // and no hand-off to it.
+            if let Some(TicketState::Waiting(w)) = state.tickets.slots.get_mut(id as usize) {
+                *w = None;
+            }
+            return TicketPoll::Lead;
+        }
+        match state.tickets.slots.get_mut(id as usize) {
+            Some(TicketState::Waiting(w)) => match w {
+                Some(w) if w.will_wake(waker) => {}
+                _ => *w = Some(waker.clone()),
+            },
+            // Not a live ticket (never: a ticket is taken once): failed.
+            _ => return TicketPoll::Ready(Err(())),
+        }
+        TicketPoll::Asleep
+    }
+
+    /// A caller starts polling the ring: the device's interrupts are off
+    /// while any caller polls.
+    pub(crate) fn start_polling(&self) {
+        let mut state = self.lock();
+        state.pollers += 1;
+        if state.pollers == 1 {
+            let _ = state.ring.set_interrupts(false);
+        }
+    }
+
+    /// A caller stops polling the ring. The last one turns the device's
+    /// interrupts back on and, unless it stopped because the device went
+    /// quiet (`handoff` false), wakes one sleeping caller whose request is
+    /// still in the device, to poll in its place: the ring keeps a poller
+    /// while requests keep completing, without every caller polling.
+    /// Whether it was the last.
+    pub(crate) fn stop_polling(&self, handoff: bool) -> bool {
+        let mut state = self.lock();
+        state.pollers = state.pollers.saturating_sub(1);
+        let last = state.pollers == 0;
+        let mut next = None;
+        if last {
+            let _ = state.ring.set_interrupts(true);
+            if handoff && !state.pending.is_empty() {
+                next = state.tickets.sleeper();
+            }
+        }
+        drop(state);
+        if let Some(w) = next {
+            w.wake();
+        }
+        last
+    }
+
     /// Fails every request the device holds here: their callers' waits
     /// fail; their memory, which the device may still write, is returned
     /// to be parked until it no longer can. Submitters waiting for room
@@ -314,51 +671,88 @@ impl Queue {
     pub(crate) fn fail_all(&self) -> Vec<DmaBuf> {
         let mut state = self.lock();
         state.failed = true;
-        let parked = state.pending.drain().flat_map(Pending::fail).collect();
+        let mut wake = Vec::new();
+        let QueueState {
+            pending, tickets, ..
+        } = &mut *state;
+        let parked = pending
+            .drain()
+            .flat_map(|p| p.fail(tickets, &mut wake))
+            .collect();
         drop(state);
+        wake.into_iter().for_each(Waker::wake);
         self.room.notify_waiters();
         parked
     }
 
     /// Submits one chain (whose memory is all in `buf`; with `table`, the
     /// device address where [`Layout::write_chain`] wrote it as an indirect
-    /// table), waiting for room in the queue (back-pressure); the receiver
-    /// gets `buf` back when the device completes it.
+    /// table), waiting for room in the queue (back-pressure); the ticket
+    /// gets the buffer back when the device completes it.
     ///
     /// [`Layout::write_chain`]: crate::request::Layout::write_chain
     ///
     /// # Cancel safety
-    /// Cancel safe: the request is either queued (its buffer held by the
-    /// queue until completion) or dropped unsent.
+    /// Cancel safe: the buffer is taken out of `one` only when the ring
+    /// takes the chain (then the queue holds it until the completion); an
+    /// error, or a future dropped before, leaves it in `one`.
     pub(crate) async fn enqueue_one(
         &self,
         host: &impl Host,
-        buf: DmaBuf,
+        one: &mut Option<DmaBuf>,
         chain: Chain,
         table: Option<u64>,
-    ) -> Result<oneshot::Receiver<(DmaBuf, u32)>, Error> {
-        let (tx, rx) = oneshot::channel();
-        // Held here until the ring takes the chain: a full ring leaves it
-        // (and its reply channel) with this future, to try again.
-        let mut one = Some(Pending::One { buf, tx });
-        self.enqueue_with(host, 1, |state, _, orphans| {
-            let staged = match table {
-                Some(table) => state.ring.stage_request(chain.segments(), table),
-                None => state.ring.stage(chain.segments()),
-            };
-            match staged {
-                // Staged once only: the loop stops at 1.
-                Ok(Some(head)) => match one.take() {
-                    Some(p) => (1, record(state, head, p, orphans)),
-                    None => (1, Ok(())),
-                },
-                // Full: the request stays with this future.
-                Ok(None) => (0, Ok(())),
-                Err(e) => (0, Err(e)),
+        rescue: Option<Rescue>,
+    ) -> Result<Ticket<&Self>, Error> {
+        let mut ticket = None;
+        let staged = self
+            .enqueue_with(host, 1, |state, _, orphans| {
+                let staged = match table {
+                    Some(table) => state.ring.stage_request(chain.segments(), table),
+                    None => state.ring.stage(chain.segments()),
+                };
+                match staged {
+                    // Staged once only: the loop stops at 1.
+                    Ok(Some(head)) => match one.take() {
+                        Some(buf) => {
+                            let id = state.tickets.open();
+                            ticket = Some(id);
+                            let p = Pending::One {
+                                buf,
+                                ticket: id,
+                                rescue,
+                            };
+                            (1, record(state, head, p, orphans))
+                        }
+                        None => (1, Ok(())),
+                    },
+                    // Full: the request stays with this future.
+                    Ok(None) => (0, Ok(())),
+                    Err(e) => (0, Err(e)),
+                }
+            })
+            .await;
+        match (staged, ticket) {
+            (Ok(()), Some(id)) => Ok(Ticket {
+                q: self,
+                id,
+                settled: false,
+            }),
+            // Staged, then publishing or the notification failed: the
+            // request is the queue's until the device completes it or
+            // fails; the caller waits for that (a device that failed
+            // fails its requests), with its buffer still in the queue.
+            (Err(e), Some(id)) => {
+                tracing::warn!(%e, queue = self.index, "a staged request's notification failed");
+                Ok(Ticket {
+                    q: self,
+                    id,
+                    settled: false,
+                })
             }
-        })
-        .await?;
-        Ok(rx)
+            (Err(e), None) => Err(e),
+            (Ok(()), None) => Err(Error::Broken("a staged request has no ticket".into())),
+        }
     }
 
     /// Submits the requests of `burst` (prepared with their indirect
@@ -474,7 +868,11 @@ fn record(
     orphans: &mut Vec<DmaBuf>,
 ) -> Result<(), Error> {
     state.pending.insert(head, p).map_err(|refused| {
-        orphans.extend(refused.pending.fail());
+        let mut wake = Vec::new();
+        orphans.extend(refused.pending.fail(&mut state.tickets, &mut wake));
+        // Under the queue's lock; a waker registered this early is rare
+        // (the caller has not awaited yet) and only schedules its task.
+        wake.into_iter().for_each(Waker::wake);
         refused.error
     })
 }
@@ -508,8 +906,11 @@ mod tests {
     }
 
     fn one(pool: &Arc<DmaPool>) -> Pending {
-        let (tx, _rx) = oneshot::channel();
-        Pending::One { buf: buf(pool), tx }
+        Pending::One {
+            buf: buf(pool),
+            ticket: 0,
+            rescue: None,
+        }
     }
 
     fn request(pool: &Arc<DmaPool>) -> DmaRequest {
@@ -535,7 +936,13 @@ mod tests {
         // (its memory to be parked, never dropped while a chain names it).
         let refused = p.insert(3, one(&pool)).err().unwrap();
         assert!(matches!(refused.error, Error::Broken(_)));
-        assert_eq!(refused.pending.fail().len(), 1);
+        assert_eq!(
+            refused
+                .pending
+                .fail(&mut Tickets::default(), &mut Vec::new())
+                .len(),
+            1
+        );
         assert!(p.insert(9, one(&pool)).is_err(), "past the ring");
         assert_eq!(p.len(), 1);
         assert!(p.remove(2).is_none());
@@ -553,18 +960,27 @@ mod tests {
     fn a_burst_finishes_with_its_last_completion_or_fails_whole() {
         let pool = Arc::new(DmaPool::unmapped(1 << 16).unwrap());
         let burst = Arc::new(Burst::new(vec![request(&pool), request(&pool)]));
-        assert!(!Pending::Burst(burst.clone()).complete(7));
+        let (mut t, mut w) = (Tickets::default(), Vec::new());
+        assert!(!Pending::Burst(burst.clone()).complete(7, &mut t, &mut w));
         assert!(!burst.finished().unwrap());
-        assert!(Pending::Burst(burst.clone()).complete(8));
+        assert!(Pending::Burst(burst.clone()).complete(8, &mut t, &mut w));
         assert!(burst.finished().unwrap());
         assert_eq!(burst.take().len(), 2);
         // Failed with requests in the device: their memory is handed over
         // to be parked, once.
         let failed = Arc::new(Burst::new(Vec::new()));
-        assert!(Pending::Burst(failed.clone()).fail().is_empty());
+        assert!(
+            Pending::Burst(failed.clone())
+                .fail(&mut t, &mut w)
+                .is_empty()
+        );
         let failed = Arc::new(Burst::new((0..3).map(|_| request(&pool)).collect()));
-        assert_eq!(Pending::Burst(failed.clone()).fail().len(), 3);
-        assert!(Pending::Burst(failed.clone()).fail().is_empty());
+        assert_eq!(Pending::Burst(failed.clone()).fail(&mut t, &mut w).len(), 3);
+        assert!(
+            Pending::Burst(failed.clone())
+                .fail(&mut t, &mut w)
+                .is_empty()
+        );
         assert!(matches!(failed.finished(), Err(Error::Gone)));
         assert!(failed.take().is_empty());
     }
@@ -632,8 +1048,10 @@ mod tests {
                 let (q, host, pool) = (q.clone(), host.clone(), pool.clone());
                 tokio::spawn(async move {
                     let (b, chain) = tagged(&pool, tag);
-                    let rx = q.enqueue_one(&*host, b, chain, None).await?;
-                    let (b, len) = rx.await.map_err(|_| Error::Gone)?;
+                    let mut ticket = q
+                        .enqueue_one(&*host, &mut Some(b), chain, None, None)
+                        .await?;
+                    let (b, len) = ticket.sleep().await.map_err(|()| Error::Gone)?;
                     Ok::<_, Error>((tag, b.read_u64(0)?, len))
                 })
             })
@@ -686,7 +1104,11 @@ mod tests {
         let mut rxs = Vec::new();
         for tag in 0..3 {
             let (b, chain) = tagged(&pool, tag);
-            rxs.push(q.enqueue_one(&host, b, chain, None).await.unwrap());
+            rxs.push(
+                q.enqueue_one(&host, &mut Some(b), chain, None, None)
+                    .await
+                    .unwrap(),
+            );
         }
         let held = pool.units_in_use();
         let head = device.pop_avail().unwrap().unwrap();
@@ -695,25 +1117,31 @@ mod tests {
         device.set_used_idx(1).unwrap();
         q.drain(&host);
         assert!(host.broken.lock().unwrap().is_some());
-        for rx in rxs {
-            assert!(rx.await.is_err(), "a failed request's caller is told");
+        for mut rx in rxs {
+            assert!(
+                rx.sleep().await.is_err(),
+                "a failed request's caller is told"
+            );
         }
         assert_eq!(host.parked.lock().unwrap().len(), 3, "parked, not freed");
         assert_eq!(pool.units_in_use(), held);
         let (b, chain) = tagged(&pool, 9);
         assert!(matches!(
-            q.enqueue_one(&host, b, chain, None).await,
+            q.enqueue_one(&host, &mut Some(b), chain, None, None).await,
             Err(Error::Broken(_))
         ));
         let _ = head;
     }
 
-    async fn submit(q: &Queue, h: &TestHost, pool: &Arc<DmaPool>, tag: u64) -> Receiver {
+    async fn submit<'q>(
+        q: &'q Queue,
+        h: &TestHost,
+        pool: &Arc<DmaPool>,
+        tag: u64,
+    ) -> Ticket<&'q Queue> {
         let (b, c) = tagged(pool, tag);
-        q.enqueue_one(h, b, c, None).await.unwrap()
+        q.enqueue_one(h, &mut Some(b), c, None, None).await.unwrap()
     }
-
-    type Receiver = oneshot::Receiver<(DmaBuf, u32)>;
 
     /// A device that publishes its used index before the entry it covers
     /// (a missing write barrier): the slot still holds the entry of the
@@ -727,13 +1155,13 @@ mod tests {
         let h = TestHost::default();
         // One lap of the used ring, a request at a time.
         for tag in 0..4 {
-            let rx = submit(&q, &h, &pool, tag).await;
+            let mut rx = submit(&q, &h, &pool, tag).await;
             let head = dev.pop_avail().unwrap().unwrap();
             dev.push_used(u32::from(head), 0).unwrap();
             q.drain(&h);
-            rx.await.unwrap();
+            rx.sleep().await.unwrap();
         }
-        let rx_b = submit(&q, &h, &pool, 100).await;
+        let mut rx_b = submit(&q, &h, &pool, 100).await;
         let _rx_c = submit(&q, &h, &pool, 200).await;
         let (hb, hc) = (
             dev.pop_avail().unwrap().unwrap(),
@@ -748,7 +1176,7 @@ mod tests {
         q.drain(&h);
         dev.write_used_entry(4, u32::from(hc), 0).unwrap();
         q.drain(&h);
-        let b_completed = rx_b.await.is_ok();
+        let b_completed = rx_b.sleep().await.is_ok();
         let b_held = pool.is_allocated(b_chain[0].addr, b_chain[0].len as usize);
         assert!(
             !b_completed && b_held && h.broken.lock().unwrap().is_some(),
@@ -765,12 +1193,12 @@ mod tests {
     async fn a_repeated_completion_does_not_complete_the_next_request() {
         let (q, mut dev, pool) = queue(8);
         let h = TestHost::default();
-        let rx_a = submit(&q, &h, &pool, 1).await;
+        let mut rx_a = submit(&q, &h, &pool, 1).await;
         let ha = dev.pop_avail().unwrap().unwrap();
         dev.push_used(u32::from(ha), 0).unwrap();
         q.drain(&h);
-        rx_a.await.unwrap();
-        let rx_b = submit(&q, &h, &pool, 2).await;
+        rx_a.sleep().await.unwrap();
+        let mut rx_b = submit(&q, &h, &pool, 2).await;
         let hb = dev.pop_avail().unwrap().unwrap();
         assert_ne!(ha, hb, "the head is not reused at once");
         let b_chain = dev.chain(hb).unwrap();
@@ -778,7 +1206,7 @@ mod tests {
         q.drain(&h);
         assert!(h.broken.lock().unwrap().is_some());
         assert!(
-            rx_b.await.is_err(),
+            rx_b.sleep().await.is_err(),
             "B failed with the device, not completed"
         );
         assert!(pool.is_allocated(b_chain[0].addr, b_chain[0].len as usize));
@@ -792,17 +1220,135 @@ mod tests {
         let h = TestHost::default();
         let idle = pool.units_in_use();
         for i in 0..35_000u64 {
-            let a = submit(&q, &h, &pool, 2 * i).await;
-            let b = submit(&q, &h, &pool, 2 * i + 1).await;
+            let mut a = submit(&q, &h, &pool, 2 * i).await;
+            let mut b = submit(&q, &h, &pool, 2 * i + 1).await;
             let ha = dev.pop_avail().unwrap().unwrap();
             let hb = dev.pop_avail().unwrap().unwrap();
             dev.push_used(u32::from(hb), 0).unwrap();
             dev.push_used(u32::from(ha), 0).unwrap();
             q.drain(&h);
-            assert_eq!(a.await.unwrap().0.read_u64(0).unwrap(), 2 * i);
-            assert_eq!(b.await.unwrap().0.read_u64(0).unwrap(), 2 * i + 1);
+            assert_eq!(a.sleep().await.unwrap().0.read_u64(0).unwrap(), 2 * i);
+            assert_eq!(b.sleep().await.unwrap().0.read_u64(0).unwrap(), 2 * i + 1);
         }
         assert!(h.broken.lock().unwrap().is_none());
         assert_eq!(pool.units_in_use(), idle);
+    }
+
+    /// A waker that counts its wake-ups.
+    struct Count(AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counting() -> (Arc<Count>, Waker) {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        (count.clone(), Waker::from(count))
+    }
+
+    /// One caller polls the ring at a time: the first to look leads (the
+    /// device's interrupts off), the next sleeps with its waker; the
+    /// leader done, the sleeper is woken to lead in its place — but not
+    /// when the leader stopped because the device went quiet (the
+    /// interrupt brings completions then), and not once nothing is left
+    /// in the device.
+    #[tokio::test]
+    async fn one_caller_polls_and_hands_the_ring_to_a_sleeper() {
+        let (q, mut dev, pool) = queue(8);
+        let h = TestHost::default();
+        let mut a = submit(&q, &h, &pool, 1).await;
+        let mut b = submit(&q, &h, &pool, 2).await;
+        let (wa, a_waker) = counting();
+        let (wb, b_waker) = counting();
+        assert!(matches!(a.poll(&a_waker, true), TicketPoll::Lead));
+        assert!(
+            !q.lock().ring.interrupts().unwrap(),
+            "a poller turns them off"
+        );
+        assert!(matches!(b.poll(&b_waker, true), TicketPoll::Asleep));
+        // A's request completes (drained by its poller); A stops polling
+        // with B's still in the device: B is woken to lead.
+        let ha = dev.pop_avail().unwrap().unwrap();
+        dev.push_used(u32::from(ha), 0).unwrap();
+        assert_eq!(q.drain(&h), 1);
+        assert!(q.stop_polling(true));
+        assert!(q.lock().ring.interrupts().unwrap());
+        assert_eq!(
+            wb.0.load(Ordering::SeqCst),
+            1,
+            "the sleeper is handed the ring"
+        );
+        assert!(matches!(a.poll(&a_waker, true), TicketPoll::Ready(Ok(_))));
+        assert!(matches!(b.poll(&b_waker, true), TicketPoll::Lead));
+        // B goes quiet: nobody else is woken (there is nobody, and a
+        // quiet stop hands over to no one anyway).
+        let mut c = submit(&q, &h, &pool, 3).await;
+        let (wc, c_waker) = counting();
+        assert!(matches!(c.poll(&c_waker, true), TicketPoll::Asleep));
+        assert!(q.stop_polling(false));
+        assert_eq!(wc.0.load(Ordering::SeqCst), 0, "no hand-off when quiet");
+        // Completions by interrupt (the drain) wake the sleepers.
+        while let Some(head) = dev.pop_avail().unwrap() {
+            dev.push_used(u32::from(head), 0).unwrap();
+        }
+        assert_eq!(q.drain(&h), 2);
+        assert_eq!(
+            (wb.0.load(Ordering::SeqCst), wc.0.load(Ordering::SeqCst)),
+            (1, 1)
+        );
+        // Without leading (lead false), a caller never polls.
+        assert!(matches!(b.poll(&b_waker, false), TicketPoll::Ready(Ok(_))));
+        assert!(matches!(c.poll(&c_waker, false), TicketPoll::Ready(Ok(_))));
+        assert_eq!(wa.0.load(Ordering::SeqCst), 0, "the poller was never woken");
+        assert_eq!(q.lock().tickets.in_use(), 0);
+    }
+
+    /// A caller that goes away: its request's memory stays held while the
+    /// device has it and is freed by the completion; a result nobody took
+    /// is freed when the ticket is dropped; a failed device's abandoned
+    /// tickets are freed too. Slots are reused and none is left.
+    #[tokio::test]
+    async fn an_abandoned_ticket_frees_its_memory_only_once_the_device_is_done() {
+        let (q, mut dev, pool) = queue(8);
+        let h = TestHost::default();
+        let idle = pool.units_in_use();
+        let gone = submit(&q, &h, &pool, 1).await;
+        let head = dev.pop_avail().unwrap().unwrap();
+        let chain = dev.chain(head).unwrap();
+        drop(gone);
+        assert!(
+            pool.is_allocated(chain[0].addr, chain[0].len as usize),
+            "freed while the device holds it"
+        );
+        assert_eq!(q.lock().tickets.in_use(), 1);
+        dev.push_used(u32::from(head), 0).unwrap();
+        q.drain(&h);
+        assert_eq!(pool.units_in_use(), idle, "freed by the completion");
+        assert_eq!(q.lock().tickets.in_use(), 0);
+        // Completed, never taken, then dropped.
+        let done = submit(&q, &h, &pool, 2).await;
+        let head = dev.pop_avail().unwrap().unwrap();
+        dev.push_used(u32::from(head), 0).unwrap();
+        q.drain(&h);
+        assert!(pool.units_in_use() > idle);
+        drop(done);
+        assert_eq!(pool.units_in_use(), idle);
+        // The slot is reused: the table does not grow with requests.
+        for tag in 0..100 {
+            let mut t = submit(&q, &h, &pool, tag).await;
+            let head = dev.pop_avail().unwrap().unwrap();
+            dev.push_used(u32::from(head), 0).unwrap();
+            q.drain(&h);
+            assert_eq!(t.try_take().unwrap().unwrap().0.read_u64(0).unwrap(), tag);
+        }
+        assert_eq!(q.lock().tickets.slots.len(), 1);
+        // Abandoned, then the device fails: parked, the slot freed.
+        let gone = submit(&q, &h, &pool, 7).await;
+        drop(gone);
+        let parked = q.fail_all();
+        assert_eq!(parked.len(), 1);
+        assert_eq!(q.lock().tickets.in_use(), 0);
     }
 }

@@ -10,6 +10,7 @@ use crate::virtqueue::Segment;
 /// Where a data request's parts sit in its DMA buffer: the header at 0,
 /// the IV, the status byte, the chain again as an indirect descriptor
 /// table (at most five descriptors), then the input and the output.
+pub(crate) const HEADER_AT: usize = 0;
 pub(crate) const IV_AT: usize = 80;
 pub(crate) const STATUS_AT: usize = 96;
 pub(crate) const TABLE_AT: usize = 128;

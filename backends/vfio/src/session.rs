@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tracing::Instrument;
 use zeroize::{Zeroize, Zeroizing};
 
+use crate::buffer::DmaBuffer;
 use crate::device::DeviceState;
 use crate::dma::{DmaBuf, UNIT};
-use crate::error::{Error, Failed};
+use crate::error::{BufferFailed, Error, Failed, Returned};
 use crate::protocol::{self, CipherAlgo};
-use crate::queue::Burst;
-use crate::request::{Chain, DmaRequest, IV_AT, Layout, STATUS_AT, TABLE_AT};
+use crate::queue::{Burst, Queue, Rescue, Ticket};
+use crate::request::{Chain, DmaRequest, HEADER_AT, IV_AT, Layout, STATUS_AT, TABLE_AT};
 
 /// How long a request may take before it is given up as hung: `fixed`
 /// plus `per_mib` for each MiB of data. A request that times out comes
@@ -242,7 +242,7 @@ impl CipherSession {
         let bytes = layout.bytes();
         let window = unit_window(self.dev.pool.len(), bytes);
         let mut out = Zeroizing::new(vec![0u8; data.len()]);
-        let mut started: VecDeque<(usize, oneshot::Receiver<(DmaBuf, u32)>)> = VecDeque::new();
+        let mut started: VecDeque<(usize, Ticket<&Queue>)> = VecDeque::new();
         for (i, unit) in data.chunks(unit_len).enumerate() {
             // Room for one more: within the window, and never waiting for
             // DMA memory while holding some — the oldest unit is collected
@@ -266,7 +266,12 @@ impl CipherSession {
             let tweak = first.wrapping_add(i as u128).to_le_bytes();
             let chain = self.write_request(&dma, encrypt, &tweak, unit)?;
             let table = dma.iova(TABLE_AT);
-            started.push_back((i, self.dev.enqueue_one(dma, chain, table).await?));
+            started.push_back((
+                i,
+                self.dev
+                    .enqueue_one(&mut Some(dma), chain, table, None)
+                    .await?,
+            ));
         }
         while let Some((j, rx)) = started.pop_front() {
             self.collect(rx, layout, &mut out[j * unit_len..][..unit_len])
@@ -279,7 +284,7 @@ impl CipherSession {
     /// (its DMA memory is freed on return).
     async fn collect(
         &self,
-        rx: oneshot::Receiver<(DmaBuf, u32)>,
+        rx: Ticket<&Queue>,
         layout: Layout,
         dest: &mut [u8],
     ) -> Result<(), Error> {
@@ -344,6 +349,177 @@ impl CipherSession {
         }
     }
 
+    /// Encrypts a device-ready buffer of this session's device in place:
+    /// no copy in or out (the device reads the data's half of the buffer
+    /// and writes the other, which then holds the data). The zero-copy
+    /// form of [`CipherSession::encrypt`].
+    ///
+    /// # Errors
+    /// As for [`CipherSession::encrypt`], and [`Error::Invalid`] for a
+    /// buffer of another device, [`Error::TooLarge`] above
+    /// [`CipherSession::max_request`] (such requests go through the copying
+    /// path, which chains them). With a validation error or the device's
+    /// refusal the buffer comes back as it was ([`Returned::Device`]); if
+    /// the device failed with the request in it (reset, removal, timeout)
+    /// its memory stays with the driver until the device can no longer
+    /// write it, and the input comes back copied out
+    /// ([`Returned::Copied`]), for the caller to run elsewhere.
+    ///
+    /// # Cancel safety
+    /// Cancel safe in the sense that matters: a dropped request's buffer
+    /// stays with the driver until the device is done with it, then is
+    /// wiped and freed (it is not returned).
+    pub async fn encrypt_buffer(
+        &self,
+        iv: &[u8],
+        buf: DmaBuffer,
+    ) -> Result<DmaBuffer, BufferFailed> {
+        self.crypt_buffer(true, iv, buf).await
+    }
+
+    /// Decrypts a device-ready buffer in place: as
+    /// [`CipherSession::encrypt_buffer`].
+    ///
+    /// # Errors
+    /// As for [`CipherSession::encrypt_buffer`].
+    ///
+    /// # Cancel safety
+    /// As for [`CipherSession::encrypt_buffer`].
+    pub async fn decrypt_buffer(
+        &self,
+        iv: &[u8],
+        buf: DmaBuffer,
+    ) -> Result<DmaBuffer, BufferFailed> {
+        self.crypt_buffer(false, iv, buf).await
+    }
+
+    async fn crypt_buffer(
+        &self,
+        encrypt: bool,
+        iv: &[u8],
+        buf: DmaBuffer,
+    ) -> Result<DmaBuffer, BufferFailed> {
+        let refuse = |error, buf| {
+            Err(BufferFailed {
+                error,
+                buf: Returned::Device(Box::new(buf)),
+            })
+        };
+        if let Err(error) = self.check(iv, buf.len()) {
+            return refuse(error, buf);
+        }
+        if !buf.same_pool(&self.dev.pool) {
+            let error = Error::Invalid {
+                what: "buffer",
+                detail: "carved from another device's memory".into(),
+            };
+            return refuse(error, buf);
+        }
+        if buf.len() > self.max_request() {
+            let error = Error::TooLarge {
+                len: buf.len(),
+                max: self.max_request(),
+            };
+            return refuse(error, buf);
+        }
+        if buf.is_empty() {
+            return Ok(buf);
+        }
+        let span = tracing::trace_span!("vfio.buffer", algo = ?self.algo, encrypt, len = buf.len());
+        let padded = Layout::new(self.algo, buf.len()).padded;
+        let (input, output) = (buf.half_at(buf.active), buf.half_at(1 - buf.active));
+        let written = (|| {
+            let dma = &buf.dma;
+            let id = self.ids[usize::from(!encrypt)];
+            dma.write(
+                HEADER_AT,
+                &protocol::cipher_request(self.algo, id, encrypt, padded),
+            )?;
+            dma.write(IV_AT, iv)?;
+            dma.write_u8(STATUS_AT, 0xff)?;
+            let mut chain = Chain::empty();
+            chain.add(dma.segment(HEADER_AT, protocol::HEADER_LEN, false));
+            if !iv.is_empty() {
+                chain.add(dma.segment(IV_AT, iv.len(), false));
+            }
+            chain.add(dma.segment(input, padded, false));
+            chain.add(dma.segment(output, padded, true));
+            chain.add(dma.segment(STATUS_AT, 1, true));
+            crate::virtqueue::write_table(dma, TABLE_AT, chain.segments())?;
+            Ok::<_, Error>(chain)
+        })();
+        let chain = match written {
+            Ok(chain) => chain,
+            Err(error) => return refuse(error, buf),
+        };
+        let (dma, len, half, active) = buf.into_parts();
+        let table = dma.iova(TABLE_AT);
+        let rescue = Rescue { at: input, len };
+        let deadline = self
+            .timeout
+            .map(|t| (t.for_len(len), tokio::time::Instant::now() + t.for_len(len)));
+        let mut dma = Some(dma);
+        let r: Result<DmaBuf, (Error, Option<Vec<u8>>)> = async {
+            // Submitted (waiting for room in the ring if need be), then
+            // awaited: within the timeout both, the ticket kept outside it
+            // so that the input can still be read if it fires.
+            let submitted = self.dev.enqueue_one(&mut dma, chain, table, Some(rescue));
+            let submitted = match deadline {
+                None => submitted.await,
+                Some((limit, at)) => tokio::time::timeout_at(at, submitted)
+                    .await
+                    .unwrap_or(Err(Error::Timeout(limit))),
+            };
+            let mut ticket = submitted.map_err(|e| (e, None))?;
+            let waited = self.dev.wait_ticket(&mut ticket);
+            let r = match deadline {
+                None => waited.await,
+                Some((limit, at)) => tokio::time::timeout_at(at, waited)
+                    .await
+                    .unwrap_or(Err(Error::Timeout(limit))),
+            };
+            match r {
+                Ok((done, _)) => Ok(done),
+                Err(error) => {
+                    // Completed as the timeout fired: the result stands.
+                    if let Some(Ok((done, _))) = ticket.try_take() {
+                        return Ok(done);
+                    }
+                    // The input half (which the device only reads), from
+                    // wherever the queue keeps the memory now: in the
+                    // device, or copied out when the device failed.
+                    let copied = ticket.rescued();
+                    drop(ticket);
+                    Err((error, copied.map(|c| c.to_vec())))
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+        match r {
+            Ok(done) => match done.read_u8(STATUS_AT) {
+                Ok(protocol::STATUS_OK) => Ok(DmaBuffer::from_parts(done, len, half, 1 - active)),
+                // Refused: the input half is as it was.
+                Ok(status) => refuse(
+                    Error::Status { status },
+                    DmaBuffer::from_parts(done, len, half, active),
+                ),
+                Err(error) => refuse(error, DmaBuffer::from_parts(done, len, half, active)),
+            },
+            Err((error, copied)) => {
+                let buf = match (dma.take(), copied) {
+                    // Never submitted: the buffer is still here, untouched.
+                    (Some(d), _) => {
+                        Returned::Device(Box::new(DmaBuffer::from_parts(d, len, half, active)))
+                    }
+                    (None, Some(input)) => Returned::Copied(input),
+                    (None, None) => Returned::Lost,
+                };
+                Err(BufferFailed { error, buf })
+            }
+        }
+    }
+
     /// `data` in requests of at most [`CipherSession::max_request`] bytes,
     /// the IV chained ([`next_iv`]), into a fresh buffer (wiped if the
     /// request fails or is given up).
@@ -366,12 +542,7 @@ impl CipherSession {
     }
 
     /// Sends one request, waiting only for room in the queue.
-    async fn start(
-        &self,
-        encrypt: bool,
-        iv: &[u8],
-        data: &[u8],
-    ) -> Result<oneshot::Receiver<(DmaBuf, u32)>, Error> {
+    async fn start(&self, encrypt: bool, iv: &[u8], data: &[u8]) -> Result<Ticket<&Queue>, Error> {
         let dma = self
             .dev
             .pool
@@ -379,7 +550,9 @@ impl CipherSession {
             .await?;
         let chain = self.write_request(&dma, encrypt, iv, data)?;
         let table = dma.iova(TABLE_AT);
-        self.dev.enqueue_one(dma, chain, table).await
+        self.dev
+            .enqueue_one(&mut Some(dma), chain, table, None)
+            .await
     }
 
     /// Writes a whole request into `dma` (header, IV, input, status "not
@@ -486,8 +659,8 @@ impl CipherSession {
     }
 
     /// Waits for a started request; its DMA buffer if the device succeeded.
-    async fn finish(&self, rx: oneshot::Receiver<(DmaBuf, u32)>) -> Result<DmaBuf, Error> {
-        let (dma, _) = self.dev.wait(&self.dev.data, rx).await?;
+    async fn finish(&self, mut ticket: Ticket<&Queue>) -> Result<DmaBuf, Error> {
+        let (dma, _) = self.dev.wait_ticket(&mut ticket).await?;
         match dma.read_u8(STATUS_AT)? {
             protocol::STATUS_OK => Ok(dma),
             status => Err(Error::Status { status }),

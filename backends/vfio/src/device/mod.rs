@@ -154,6 +154,26 @@ impl CryptoDevice {
         self.inner.pool.len()
     }
 
+    /// A device-ready buffer of `len` zero bytes, carved from the device's
+    /// DMA memory: requests on it through a session of this device
+    /// ([`CipherSession::encrypt_buffer`]) copy nothing. `None` when
+    /// buffers already take half the pool (the rest stays for requests on
+    /// ordinary memory, which are copied through it) or the pool has no
+    /// room now: the caller then uses ordinary memory.
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] above the largest single request
+    /// ([`Limits::max_request`]).
+    ///
+    /// [`CipherSession::encrypt_buffer`]: crate::CipherSession::encrypt_buffer
+    pub fn try_buffer(&self, len: usize) -> Result<Option<crate::DmaBuffer>, Error> {
+        let max = self.inner.limits.max_request;
+        if len > max {
+            return Err(Error::TooLarge { len, max });
+        }
+        crate::buffer::DmaBuffer::try_new(&self.inner.pool, len)
+    }
+
     /// Sets how long a caller waiting for its requests polls the device's
     /// used ring while no completion comes before it sleeps on the
     /// interrupt ([`POLL_FOR`] by default). Zero: never poll — every

@@ -7,13 +7,11 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tokio::sync::oneshot;
-
 use super::{CryptoDevice, DeviceState};
 use crate::dma::DmaBuf;
 use crate::error::Error;
 use crate::protocol::{self, CipherAlgo, HEADER_LEN, SESSION_INPUT_LEN};
-use crate::queue::{Burst, Queue};
+use crate::queue::{Burst, Queue, Rescue, Ticket};
 use crate::request::Chain;
 use crate::session::CipherSession;
 use crate::virtqueue::Segment;
@@ -95,11 +93,14 @@ impl DeviceState {
     /// As for [`Queue::enqueue_one`].
     pub(crate) async fn enqueue_one(
         &self,
-        buf: DmaBuf,
+        buf: &mut Option<DmaBuf>,
         chain: Chain,
         table: u64,
-    ) -> Result<oneshot::Receiver<(DmaBuf, u32)>, Error> {
-        self.data.enqueue_one(self, buf, chain, Some(table)).await
+        rescue: Option<Rescue>,
+    ) -> Result<Ticket<&Queue>, Error> {
+        self.data
+            .enqueue_one(self, buf, chain, Some(table), rescue)
+            .await
     }
 
     /// Submits the requests of `burst`: [`Queue::enqueue_burst`].
@@ -121,8 +122,10 @@ impl DeviceState {
     ) -> Result<(DmaBuf, u32), Error> {
         let limit = std::time::Duration::from_nanos(self.control_timeout.load(Ordering::Relaxed));
         let request = async {
-            let rx = q.enqueue_one(self, buf, Chain::new(chain)?, None).await?;
-            rx.await.map_err(|_| self.failure())
+            let mut ticket = q
+                .enqueue_one(self, &mut Some(buf), Chain::new(chain)?, None, None)
+                .await?;
+            ticket.sleep().await.map_err(|()| self.failure())
         };
         tokio::time::timeout(limit, request)
             .await

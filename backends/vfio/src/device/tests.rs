@@ -643,3 +643,243 @@ fn a_runtime_without_a_timer_is_refused_at_open() {
         let _ = open(Setup::default());
     });
 }
+
+/// A device-ready buffer filled in place, through every mode: each
+/// request's result is the fallback's, in the same buffer, round after
+/// round (the data moving between the halves), and back by decryption.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_ready_buffers_match_the_fallback_in_place() {
+    let (dev, _handle) = open(Setup::default());
+    let idle = dev.dma_units_in_use();
+    for algo in CipherAlgo::ALL {
+        let key = pattern(algo.key_lens()[0], 5);
+        let s = dev.cipher_session(algo, &key).await.unwrap();
+        let iv = vec![0x24; algo.iv_len()];
+        let lens: &[usize] = match algo {
+            CipherAlgo::AesCtr => &[16, 20, 4095, 4096],
+            _ => &[16, 48, 4096],
+        };
+        for &len in lens {
+            let plain = pattern(len, len as u8);
+            let mut buf = dev.try_buffer(len).unwrap().expect("room for a buffer");
+            assert_eq!(buf.as_slice(), vec![0u8; len], "a new buffer is zeros");
+            buf.as_mut_slice().copy_from_slice(&plain);
+            let mut want = plain.clone();
+            for round in 0..3 {
+                reference(algo, true, &key, &iv, &mut want);
+                buf = s.encrypt_buffer(&iv, buf).await.unwrap();
+                assert!(buf.as_slice() == want, "{algo:?} {len} round {round}");
+            }
+            for _ in 0..3 {
+                buf = s.decrypt_buffer(&iv, buf).await.unwrap();
+            }
+            assert!(buf.as_slice() == plain, "{algo:?} {len}: decrypted back");
+        }
+        // Closed, not dropped: a drop destroys the device sessions in the
+        // background, with a control request's memory.
+        s.close().await.unwrap();
+    }
+    assert_eq!(dev.dma_units_in_use(), idle, "every buffer's memory back");
+}
+
+/// Buffers take at most half the DMA pool: past it `try_buffer` says
+/// `None` (the caller uses ordinary memory), and requests on ordinary
+/// memory still have the rest. A buffer of another device, one longer
+/// than a request, a wrong IV: refused, the buffer back untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffers_take_at_most_half_the_pool_and_bad_requests_hand_them_back() {
+    let (dev, _handle) = open(Setup::default());
+    let (other, _h2) = open(Setup::default());
+    let key = pattern(16, 1);
+    let s = dev.cipher_session(CipherAlgo::AesCbc, &key).await.unwrap();
+    let mut held = Vec::new();
+    while let Some(b) = dev.try_buffer(64 << 10).unwrap() {
+        held.push(b);
+        assert!(held.len() < 1000, "buffers never ran out");
+    }
+    let lent: usize = held.len() * (64 << 10) * 2;
+    assert!(
+        lent <= dev.pool_bytes() / 2,
+        "{lent} of {}",
+        dev.pool_bytes()
+    );
+    assert!(!held.is_empty());
+    // Ordinary requests still go.
+    let mut want = vec![3u8; 64 << 10];
+    reference(CipherAlgo::AesCbc, true, &key, &[0; 16], &mut want);
+    assert!(s.encrypt(&[0; 16], vec![3; 64 << 10]).await.unwrap() == want);
+    drop(held);
+    assert!(dev.try_buffer(64 << 10).unwrap().is_some(), "room again");
+    assert!(matches!(
+        dev.try_buffer(limits::MAX_REQUEST + 1),
+        Err(Error::TooLarge { .. })
+    ));
+    let refused = |r: Result<crate::DmaBuffer, crate::BufferFailed>| match r {
+        Err(crate::BufferFailed {
+            buf: crate::Returned::Device(b),
+            error,
+        }) => (error, b),
+        other => panic!("not refused with the buffer: {other:?}"),
+    };
+    let mut foreign = other.try_buffer(32).unwrap().unwrap();
+    foreign.as_mut_slice().fill(9);
+    let (e, back) = refused(s.encrypt_buffer(&[0; 16], foreign).await);
+    assert!(matches!(e, Error::Invalid { .. }), "{e}");
+    assert_eq!(back.as_slice(), [9u8; 32]);
+    let mut b = dev.try_buffer(20).unwrap().unwrap();
+    b.as_mut_slice().fill(5);
+    let (e, back) = refused(s.encrypt_buffer(&[0; 16], b).await);
+    assert!(matches!(e, Error::Invalid { .. }), "CBC of 20 bytes: {e}");
+    assert_eq!(back.as_slice(), [5u8; 20]);
+    let (e, back) = refused(s.encrypt_buffer(&[0; 8], *back).await);
+    assert!(matches!(e, Error::Invalid { .. }), "IV of 8: {e}");
+    assert_eq!(back.as_slice(), [5u8; 20]);
+}
+
+/// More requests on buffers in flight than the ring holds, from many
+/// tasks: all complete correctly (back-pressure, nothing lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_buffer_requests_than_the_ring_holds_all_complete() {
+    let (dev, _handle) = open(Setup {
+        queue_max: [64, 64],
+        ..Setup::default()
+    });
+    let idle = dev.dma_units_in_use();
+    let key = pattern(16, 7);
+    let s = Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &key).await.unwrap());
+    let n = 4 * dev.queue_size() + 3;
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (s, dev) = (s.clone(), dev.clone());
+            tokio::spawn(async move {
+                let plain = pattern(16 * (1 + i % 16), i as u8);
+                let mut b = dev.try_buffer(plain.len()).unwrap().expect("room");
+                b.as_mut_slice().copy_from_slice(&plain);
+                let iv = [i as u8; 16];
+                let b = s.encrypt_buffer(&iv, b).await.unwrap();
+                (plain, iv, b.as_slice().to_vec())
+            })
+        })
+        .collect();
+    let all = tokio::time::timeout(Duration::from_secs(30), futures_join(tasks))
+        .await
+        .expect("requests lost");
+    for (plain, iv, got) in all {
+        let mut want = plain;
+        reference(CipherAlgo::AesCbc, true, &key, &iv, &mut want);
+        assert!(got == want);
+    }
+    assert!(dev.queue_full_count() > 0, "the ring never filled");
+    assert_eq!(dev.dma_units_in_use(), idle);
+}
+
+/// A device that fails with buffer requests in it (a reset) or never
+/// answers (a timeout): each caller gets its input back, copied out of
+/// the buffer's input half (the device only read it), to run elsewhere;
+/// the buffers' memory stays with the driver until the device lets go. A
+/// dropped request's buffer is freed once the device completes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_timed_out_buffer_request_returns_its_input() {
+    let (dev, handle) = open(Setup::default());
+    let idle = dev.dma_units_in_use();
+    let key = pattern(16, 3);
+    let s = Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &key).await.unwrap());
+    handle.faults(|f| f.hang = true);
+    let tasks: Vec<_> = (0..4u8)
+        .map(|i| {
+            let (s, dev) = (s.clone(), dev.clone());
+            tokio::spawn(async move {
+                let mut b = dev.try_buffer(4096).unwrap().unwrap();
+                b.as_mut_slice().fill(i);
+                s.encrypt_buffer(&[0; 16], b).await
+            })
+        })
+        .collect();
+    assert!(settles(|| dev.in_flight() == 4).await);
+    dev.reset().unwrap();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let f = t.await.unwrap().unwrap_err();
+        assert!(matches!(f.error, Error::Gone), "{}", f.error);
+        match f.buf {
+            crate::Returned::Copied(v) => assert_eq!(v, vec![i as u8; 4096]),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(dev.dma_units_in_use(), idle, "freed by the reset");
+    // A timeout (on a device of its own: a reset one takes no more): the
+    // input copied out, the memory held until the device completes.
+    let (dev, handle) = open(Setup::default());
+    let idle = dev.dma_units_in_use();
+    handle.faults(|f| f.hang = true);
+    let s = dev
+        .cipher_session(CipherAlgo::AesCbc, &key)
+        .await
+        .unwrap()
+        .with_timeout(RequestTimeout {
+            fixed: Duration::from_millis(50),
+            per_mib: Duration::ZERO,
+        });
+    let mut b = dev.try_buffer(512).unwrap().unwrap();
+    b.as_mut_slice().fill(0xab);
+    let f = s.encrypt_buffer(&[1; 16], b).await.unwrap_err();
+    assert!(matches!(f.error, Error::Timeout(_)), "{}", f.error);
+    assert!(matches!(&f.buf, crate::Returned::Copied(v) if v == &vec![0xab; 512]));
+    assert!(
+        dev.dma_units_in_use() > idle,
+        "held while the device may write"
+    );
+    // A dropped request.
+    let mut b = dev.try_buffer(512).unwrap().unwrap();
+    b.as_mut_slice().fill(1);
+    let r = tokio::time::timeout(Duration::from_millis(10), s.encrypt_buffer(&[1; 16], b)).await;
+    assert!(r.is_err());
+    handle.faults(|f| f.hang = false);
+    assert!(settles(|| dev.in_flight() == 0).await);
+    assert_eq!(dev.dma_units_in_use(), idle, "all of it back");
+}
+
+/// What a request costs the caller's thread through the everyday API:
+/// 64 tasks on one thread each awaiting `encrypt` of 64 bytes, over the
+/// emulated device (its own thread). A measurement, not a check.
+#[test]
+#[ignore = "a measurement: cargo test --release -p crypto-offload-vfio --lib -- --ignored per_request_cost --nocapture"]
+fn per_request_cost() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let (dev, _handle) = open(Setup::default());
+        let s = std::rc::Rc::new(
+            dev.cipher_session(CipherAlgo::AesCbc, &[1; 16])
+                .await
+                .unwrap(),
+        );
+        for round in 0..3 {
+            let start = std::time::Instant::now();
+            let cpu = cpu_time::ThreadTime::now();
+            let tasks: Vec<_> = (0..64)
+                .map(|_| {
+                    let s = s.clone();
+                    tokio::task::spawn_local(async move {
+                        let mut buf = vec![0u8; 64];
+                        for _ in 0..2000 {
+                            buf = s.encrypt(&[0; 16], buf).await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let n = 64.0 * 2000.0;
+            println!(
+                "round {round}: {:.0} ops/s, {:.2} µs of this thread a request, {} interrupts",
+                n / start.elapsed().as_secs_f64(),
+                cpu.elapsed().as_secs_f64() * 1e6 / n,
+                dev.interrupts()
+            );
+        }
+    });
+}
