@@ -79,7 +79,7 @@ use std::time::Duration;
 /// implementations of [`Backend`], its contexts and [`PowerControl`].
 pub use async_trait::async_trait;
 
-pub use crate::buffer::IoBuf;
+pub use crate::buffer::{DeviceMemory, IoBuf};
 pub use crate::error::BackendError;
 pub use crate::key::{MAX_KEY_LEN, SecretKey};
 pub use crate::power::{PowerControl, PowerDomain, PowerRef, PowerStats};
@@ -280,6 +280,18 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// hold a [`PowerRef`] while open, and each request in
     /// flight a clone). The selector counts a resume when it is suspended.
     fn power(&self) -> Option<&PowerDomain> {
+        None
+    }
+
+    /// `len` zero bytes of the engine's own memory, for a [`DeviceBuf`]
+    /// its requests work on in place (no copy in or out); `None` (the
+    /// default) where it has none to lend now — the buffer is then
+    /// ordinary memory. Called by [`Offload::buffer`]: keep it cheap and
+    /// never block.
+    ///
+    /// [`DeviceBuf`]: crate::DeviceBuf
+    /// [`Offload::buffer`]: crate::Offload::buffer
+    fn buffer(&self, _len: usize) -> Option<Box<dyn DeviceMemory>> {
         None
     }
 

@@ -7,11 +7,7 @@
 use core::future::Future;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
-use crate::backend::{CipherContext, CipherParams, Failed, Limits};
-use crate::buffer::IoBuf;
-use crate::power::PowerRef;
+use crate::backend::{Failed, Limits};
 
 /// How long an engine stays up after its last session closes.
 pub const AUTOSUSPEND_DELAY: Duration = Duration::from_secs(1);
@@ -93,36 +89,52 @@ pub(crate) trait UnitCipher: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<u8>, Failed>> + Send;
 }
 
-/// A cipher context over a driver session, holding the engine's power for
-/// the session's life (dropped after the session: its close goes out
-/// before the device may suspend).
-pub(crate) struct Cipher<S> {
-    session: S,
-    _power: Option<PowerRef>,
-}
+/// A cipher context over a driver session (AF_ALG's; VFIO's has its own,
+/// for requests in place on device memory).
+#[cfg(feature = "af-alg")]
+pub(crate) use cipher::Cipher;
 
-impl<S> Cipher<S> {
-    pub(crate) fn new(session: S, power: Option<PowerRef>) -> Self {
-        Cipher {
-            session,
-            _power: power,
+#[cfg(feature = "af-alg")]
+mod cipher {
+    use async_trait::async_trait;
+
+    use super::UnitCipher;
+    use crate::backend::{CipherContext, CipherParams, Failed};
+    use crate::buffer::IoBuf;
+    use crate::power::PowerRef;
+
+    /// A cipher context over a driver session, holding the engine's power for
+    /// the session's life (dropped after the session: its close goes out
+    /// before the device may suspend). AF_ALG's (VFIO's has its own, for
+    /// requests in place on device memory).
+    pub(crate) struct Cipher<S> {
+        session: S,
+        _power: Option<PowerRef>,
+    }
+
+    impl<S> Cipher<S> {
+        pub(crate) fn new(session: S, power: Option<PowerRef>) -> Self {
+            Cipher {
+                session,
+                _power: power,
+            }
         }
     }
-}
 
-#[async_trait]
-impl<S: UnitCipher> CipherContext for Cipher<S> {
-    async fn encrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
-        self.session
-            .crypt_units(true, &params.iv, params.data_unit, buf.into())
-            .await
-            .map(IoBuf::from)
-    }
+    #[async_trait]
+    impl<S: UnitCipher> CipherContext for Cipher<S> {
+        async fn encrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+            self.session
+                .crypt_units(true, &params.iv, params.data_unit, buf.into())
+                .await
+                .map(IoBuf::from)
+        }
 
-    async fn decrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
-        self.session
-            .crypt_units(false, &params.iv, params.data_unit, buf.into())
-            .await
-            .map(IoBuf::from)
+        async fn decrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+            self.session
+                .crypt_units(false, &params.iv, params.data_unit, buf.into())
+                .await
+                .map(IoBuf::from)
+        }
     }
 }

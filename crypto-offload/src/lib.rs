@@ -35,7 +35,7 @@ pub use alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 // In `BackendInfo`, what `Offload::backends` reports: an application that
 // reads them should not need the implementor's module.
 pub use backend::{BackendKind, PowerStats};
-pub use buffer::Buffer;
+pub use buffer::{Buffer, DeviceBuf};
 pub use cost::{Cost, Direction, Profile, ProfileEntry, ProfileError};
 pub use crypto_offload_fallback::Implementation;
 pub use error::{Error, LengthRule, RequestError};

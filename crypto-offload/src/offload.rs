@@ -9,6 +9,7 @@ use crypto_offload_fallback::Implementation;
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CrcAlg};
 use crate::backend::{BackendKind, SharedBackend};
+use crate::buffer::DeviceBuf;
 use crate::cost::{Direction, Profile, ProfileEntry};
 use crate::cpu::CpuBackend;
 use crate::error::Error;
@@ -275,6 +276,46 @@ impl Offload {
     /// Dropping the future before it completes opens nothing.
     pub async fn crc(&self, alg: CrcAlg) -> Result<CrcSession, Error> {
         CrcSession::start(self.slots.clone(), alg).await
+    }
+
+    /// A buffer of `len` zero bytes for requests to work on in place: in
+    /// the memory of the engine requests would go to — the pinned backend,
+    /// else the first engine that lends memory and whose circuit is
+    /// closed — so a request there copies nothing in or out; in ordinary
+    /// memory where none lends any (the CPU, AF_ALG, an engine whose
+    /// memory for buffers is used up). Any request takes it, on any
+    /// engine; elsewhere it is ordinary bytes.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), crypto_offload::Error> {
+    /// use crypto_offload::{CipherAlg, Offload};
+    ///
+    /// let offload = Offload::builder().build()?;
+    /// let session = offload.cipher(CipherAlg::Aes128Cbc, &[7; 16]).await?;
+    /// let mut buf = offload.buffer(4096);
+    /// buf.copy_from_slice(&[1; 4096]); // or read(2) into it
+    /// let buf = session.encrypt(&[0; 16], buf).await?;
+    /// assert_ne!(&buf[..], &[1; 4096][..]);
+    /// # Ok(()) }
+    /// ```
+    pub fn buffer(&self, len: usize) -> DeviceBuf {
+        let slots = &self.slots;
+        let lends = |id: SlotId| {
+            let slot = &slots[id];
+            if slot.breaker.reason().is_some() {
+                return None;
+            }
+            slot.backend()?.buffer(len)
+        };
+        let memory = match slots.pinned {
+            Some(id) => lends(id),
+            None => slots.ids().filter(|id| !id.is_cpu()).find_map(lends),
+        };
+        match memory {
+            Some(m) => DeviceBuf::device(m),
+            None => DeviceBuf::from(vec![0u8; len]),
+        }
     }
 
     /// The backends, CPU first, with their state and what they served.

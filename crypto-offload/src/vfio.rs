@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -32,19 +33,20 @@ use crypto_offload_vfio as vfio;
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 use crate::backend::{
-    AeadContext, Backend, BackendKind, CipherContext, CrcContext, Failed, Limits,
+    AeadContext, Backend, BackendKind, CipherContext, CipherParams, CrcContext, DeviceMemory,
+    Failed, Limits,
 };
 use crate::buffer::IoBuf;
 pub use crate::engine::{AUTOSUSPEND_DELAY, RequestTimeout, Unavailable};
-use crate::engine::{Cipher, UnitCipher, xts_per_unit};
+use crate::engine::{UnitCipher, xts_per_unit};
 use crate::error::BackendError;
 use crate::key::SecretKey;
-use crate::power::{PowerControl, PowerDomain};
+use crate::power::{PowerControl, PowerDomain, PowerRef};
 
 /// A virtio-crypto device driven through VFIO.
 #[derive(Debug)]
 pub struct VfioBackend {
-    name: String,
+    name: Arc<str>,
     device: vfio::CryptoDevice,
     /// The algorithms a session could be created for at open.
     supported: Vec<CipherAlg>,
@@ -159,6 +161,7 @@ impl VfioBackend {
             .map_err(|e| Unavailable(format!("{address}: low-power entry: {e}")))?;
         let name = format!("vfio:{address}");
         let power = PowerDomain::new(name.clone(), LowPower(device.clone()), AUTOSUSPEND_DELAY);
+        let name = Arc::from(name);
         Ok(VfioBackend {
             name,
             device,
@@ -291,6 +294,17 @@ impl Backend for VfioBackend {
         Some(&self.power)
     }
 
+    fn buffer(&self, len: usize) -> Option<Box<dyn DeviceMemory>> {
+        // Room for an AEAD tag past the data (the buffer may go to a GCM
+        // session on the CPU), in whole blocks.
+        let mut buf = self.device.try_buffer(len.checked_add(16)?).ok()??;
+        buf.set_len(len).ok()?;
+        Some(Box::new(DmaMemory {
+            buf,
+            owner: self.name.clone(),
+        }))
+    }
+
     async fn open_cipher(
         &self,
         alg: CipherAlg,
@@ -311,7 +325,11 @@ impl Backend for VfioBackend {
             .await
             .map_err(backend_error)?
             .with_timeout(timeout());
-        Ok(Box::new(Cipher::new(s, Some(power))))
+        Ok(Box::new(VfioCipher {
+            session: s,
+            name: self.name.clone(),
+            _power: power,
+        }))
     }
 
     async fn open_aead(
@@ -333,6 +351,138 @@ impl Backend for VfioBackend {
             alg.name(),
             self.name
         )))
+    }
+}
+
+/// A device-ready buffer's memory, lent by [`VfioBackend::buffer`]
+/// (`Backend::buffer`): carved from the device's DMA pool.
+struct DmaMemory {
+    buf: vfio::DmaBuffer,
+    owner: Arc<str>,
+}
+
+impl DeviceMemory for DmaMemory {
+    fn as_slice(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.buf.as_mut_slice()
+    }
+    fn set_len(&mut self, len: usize) -> bool {
+        self.buf.set_len(len).is_ok()
+    }
+    fn owner(&self) -> &str {
+        &self.owner
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
+}
+
+/// A cipher context on the device: requests on its own device-ready
+/// buffers in place, others copied through its DMA pool; holding the
+/// device's power for the session's life (dropped after the session: its
+/// close goes out before the device may suspend).
+struct VfioCipher {
+    session: vfio::CipherSession,
+    name: Arc<str>,
+    _power: PowerRef,
+}
+
+impl VfioCipher {
+    async fn crypt(
+        &self,
+        encrypt: bool,
+        params: CipherParams,
+        buf: IoBuf,
+    ) -> Result<IoBuf, Failed> {
+        // In place: this device's memory, and one request (an XTS request
+        // of several data units goes through the copying path, which
+        // windows its units).
+        let one = self.session.algo() != vfio::CipherAlgo::AesXts || params.data_unit == buf.len();
+        let ours = buf.device_owner() == Some(&*self.name);
+        if one && ours {
+            match buf.into_device() {
+                Ok(m) if m.as_any().is::<DmaMemory>() => {
+                    if let Ok(m) = m.into_any().downcast::<DmaMemory>() {
+                        return self.in_place(encrypt, &params.iv, *m).await;
+                    }
+                    // Never: the type was just checked.
+                    return Err(Failed::new(
+                        BackendError::Other("device memory of another type".into()),
+                        IoBuf::from(Vec::new()),
+                    ));
+                }
+                Ok(m) => return self.copied(encrypt, params, IoBuf::from_device(m)).await,
+                Err(buf) => return self.copied(encrypt, params, buf).await,
+            }
+        }
+        self.copied(encrypt, params, buf).await
+    }
+
+    /// Through the DMA pool: copied in and out.
+    async fn copied(
+        &self,
+        encrypt: bool,
+        params: CipherParams,
+        buf: IoBuf,
+    ) -> Result<IoBuf, Failed> {
+        UnitCipher::crypt_units(
+            &self.session,
+            encrypt,
+            &params.iv,
+            params.data_unit,
+            buf.into(),
+        )
+        .await
+        .map(IoBuf::from)
+    }
+
+    /// On the device's own memory: nothing copied.
+    async fn in_place(&self, encrypt: bool, iv: &[u8; 16], m: DmaMemory) -> Result<IoBuf, Failed> {
+        let DmaMemory { buf, owner } = m;
+        let iv = &iv[..self.session.algo().iv_len()];
+        let r = if encrypt {
+            self.session.encrypt_buffer(iv, buf).await
+        } else {
+            self.session.decrypt_buffer(iv, buf).await
+        };
+        let memory = |buf| {
+            IoBuf::from_device(Box::new(DmaMemory {
+                buf,
+                owner: owner.clone(),
+            }))
+        };
+        match r {
+            Ok(buf) => Ok(memory(buf)),
+            Err(vfio::BufferFailed { error, buf }) => {
+                let buf = match buf {
+                    vfio::Returned::Device(b) => memory(*b),
+                    // The device failed with it: its input, copied out, to
+                    // be replayed (the caller's buffer is ordinary memory
+                    // from here on).
+                    vfio::Returned::Copied(v) => IoBuf::from(v),
+                    // Not replayable: the session layer sees the length
+                    // differ and fails the request instead.
+                    vfio::Returned::Lost => IoBuf::from(Vec::new()),
+                };
+                Err(Failed::new(backend_error(error), buf))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl CipherContext for VfioCipher {
+    async fn encrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+        self.crypt(true, params, buf).await
+    }
+
+    async fn decrypt(&self, params: CipherParams, buf: IoBuf) -> Result<IoBuf, Failed> {
+        self.crypt(false, params, buf).await
     }
 }
 

@@ -9,6 +9,11 @@
 //! * **ours, per request**: `--clients` tasks each awaiting
 //!   [`CipherSession::encrypt`] on its own `Vec` (copied in and out: the
 //!   everyday API);
+//! * **through `Offload`**: the same `--clients` tasks each awaiting
+//!   `crypto_offload::CipherSession::encrypt` on its own `Vec` — the path
+//!   users call, with its selection, engine adapter and copies — pinned to
+//!   the device, and under Auto (the CPU a backend too, calibrated first);
+//!   with the process's CPU time per request;
 //! * **DPDK**: `dpdk-test-crypto-perf --ptest throughput` (burst 32,
 //!   polling), run by the guest's `/bin/dpdk-crypto-perf` script on a device
 //!   the kernel driver held; its table is printed as it came and parsed.
@@ -27,10 +32,15 @@
 //! `vfio-vs-dpdk [--device BDF] [--dpdk-device BDF|none] [--sizes 64,256,1024,2048] [--ops N]`
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use crypto_offload_vfio::{CipherAlgo, CipherSession, CryptoDevice};
+use cpu_time::ProcessTime;
+use crypto_offload::backend::Backend;
+use crypto_offload::vfio::VfioBackend;
+use crypto_offload::{CipherAlg, DeviceBuf, Offload};
+use crypto_offload_vfio::{CipherAlgo, CipherSession, CryptoDevice, DmaBuffer};
 
 #[derive(Parser, Debug)]
 #[command(about = "Our VFIO virtio-crypto driver vs DPDK's crypto_virtio PMD, AES-128-CBC ops/s")]
@@ -169,23 +179,40 @@ async fn ours_burst(
     total as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Ops/s of `clients` tasks each awaiting one `encrypt` at a time.
-async fn ours_per_request(session: Rc<CipherSession>, size: usize, args: &Args) -> f64 {
+/// Ops/s and process CPU time per request (µs) of `clients` tasks each
+/// awaiting one request at a time (`request` on its own buffer, made by
+/// `make` from the data and read by `view`) until `ops` have completed;
+/// the first output checked against the CPU's.
+async fn clients<S, B, M, V, F, Fut>(
+    session: S,
+    size: usize,
+    (clients, ops): (usize, u64),
+    make: M,
+    view: V,
+    request: F,
+) -> Rate
+where
+    S: Clone + 'static,
+    B: 'static,
+    M: Fn(&[u8]) -> B,
+    V: Fn(&B) -> Vec<u8>,
+    F: Fn(S, B) -> Fut + Copy + 'static,
+    Fut: Future<Output = B>,
+{
     let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
     let expected = cpu_cbc(&data);
-    let out = session.encrypt(&IV, data.clone()).await.expect("a request");
-    assert_eq!(out, expected, "device output differs from the CPU's");
-    let per_task = args
-        .single_ops
-        .unwrap_or(args.ops / 10)
-        .div_ceil(args.clients as u64);
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..args.clients)
-        .map(|_| {
-            let (session, mut buf) = (session.clone(), data.clone());
+    let out = request(session.clone(), make(&data)).await;
+    assert!(view(&out) == expected, "output differs from the CPU's");
+    let per_task = ops.div_ceil(clients as u64);
+    let bufs: Vec<B> = (0..clients).map(|_| make(&data)).collect();
+    let (start, cpu) = (Instant::now(), ProcessTime::now());
+    let tasks: Vec<_> = bufs
+        .into_iter()
+        .map(|mut buf| {
+            let session = session.clone();
             tokio::task::spawn_local(async move {
                 for _ in 0..per_task {
-                    buf = session.encrypt(&IV, buf).await.expect("a request");
+                    buf = request(session.clone(), buf).await;
                 }
                 per_task
             })
@@ -195,7 +222,90 @@ async fn ours_per_request(session: Rc<CipherSession>, size: usize, args: &Args) 
     for t in tasks {
         total += t.await.expect("a client");
     }
-    total as f64 / start.elapsed().as_secs_f64()
+    Rate {
+        ops: total as f64 / start.elapsed().as_secs_f64(),
+        cpu_us: cpu.elapsed().as_secs_f64() * 1e6 / total as f64,
+    }
+}
+
+/// A throughput and its CPU cost.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rate {
+    /// Requests per second.
+    ops: f64,
+    /// Process CPU time per request, µs.
+    cpu_us: f64,
+}
+
+/// The driver's everyday API: `clients` tasks each awaiting
+/// [`CipherSession::encrypt`] on a `Vec`.
+async fn ours_per_request(session: Rc<CipherSession>, size: usize, args: &Args) -> Rate {
+    let load = (args.clients, args.single_ops.unwrap_or(args.ops / 10));
+    clients(
+        session,
+        size,
+        load,
+        <[u8]>::to_vec,
+        Vec::clone,
+        |s, buf| async move { s.encrypt(&IV, buf).await.expect("a request") },
+    )
+    .await
+}
+
+/// The same on the device's own memory ([`CipherSession::encrypt_buffer`]
+/// on a `DmaBuffer`: nothing copied).
+async fn ours_on_buffers(
+    session: Rc<CipherSession>,
+    dev: &CryptoDevice,
+    size: usize,
+    args: &Args,
+) -> Rate {
+    let load = (args.clients, args.single_ops.unwrap_or(args.ops / 10));
+    let make = |data: &[u8]| {
+        let mut b = dev
+            .try_buffer(data.len())
+            .expect("a request's size")
+            .expect("room for a buffer");
+        b.as_mut_slice().copy_from_slice(data);
+        b
+    };
+    let view = |b: &DmaBuffer| b.as_slice().to_vec();
+    clients(session, size, load, make, view, |s, buf| async move {
+        s.encrypt_buffer(&IV, buf).await.expect("a request")
+    })
+    .await
+}
+
+/// The same through `Offload`: `clients` tasks each awaiting `encrypt`
+/// on one session of `offload`, on `Vec`s, or on `Offload::buffer`s if
+/// `device_ready`.
+async fn offload_per_request(
+    offload: &Offload,
+    size: usize,
+    device_ready: bool,
+    args: &Args,
+) -> Rate {
+    let session = Rc::new(
+        offload
+            .cipher(CipherAlg::Aes128Cbc, &KEY)
+            .await
+            .expect("an Offload session"),
+    );
+    let load = (args.clients, args.single_ops.unwrap_or(args.ops / 10));
+    let make = |data: &[u8]| {
+        let mut b = if device_ready {
+            offload.buffer(data.len())
+        } else {
+            DeviceBuf::from(vec![0; data.len()])
+        };
+        b.copy_from_slice(data);
+        b
+    };
+    let view = |b: &DeviceBuf| b.to_vec();
+    clients(session, size, load, make, view, |s, buf| async move {
+        s.encrypt(&IV, buf).await.expect("a request")
+    })
+    .await
 }
 
 /// DPDK's ops/s per buffer size from dpdk-test-crypto-perf's throughput
@@ -237,33 +347,116 @@ fn run_dpdk(args: &Args, device: &str) -> Result<Vec<(usize, f64)>, String> {
     Ok(rows)
 }
 
-/// Ours on `device`: (size, burst ops/s, 1-by-1 ops/s) per size.
-fn measure(device: &str, args: &Args) -> Vec<(usize, f64, f64)> {
+/// What was measured of ours on one device at one size.
+#[derive(Debug, Clone, Default)]
+struct Row {
+    size: usize,
+    /// The driver's burst path (ops/s).
+    burst: f64,
+    /// The driver's per-request API, on `Vec`s and on its own buffers.
+    single: Rate,
+    single_buf: Rate,
+    /// Through `Offload`, pinned to the device, on `Vec`s and on
+    /// `Offload::buffer`s.
+    pinned: Rate,
+    pinned_buf: Rate,
+    /// Through `Offload` under Auto, on `Vec`s and on `Offload::buffer`s.
+    auto: Rate,
+    auto_buf: Rate,
+    /// Auto's share of requests on the device.
+    auto_on_device: f64,
+}
+
+/// Ours on `device`, per size: the driver's burst and per-request paths,
+/// then `Offload` pinned to the device and under Auto.
+fn measure(device: &str, args: &Args) -> Vec<Row> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
-        let dev = CryptoDevice::open(device).await.expect("open the device");
+        // Opened once, as the backend (a VFIO group opens once); the
+        // driver's rows use its device, brought up by hand.
+        let backend = Arc::new(VfioBackend::open(device).await.expect("open the device"));
+        let dev = backend.driver_device().clone();
+        dev.resume().expect("device up");
         let session = Rc::new(
             dev.cipher_session(CipherAlgo::AesCbc, &KEY)
                 .await
                 .expect("a session"),
         );
+        let pinned = Offload::builder()
+            .backend(backend.clone())
+            .pin(backend.name())
+            .build()
+            .expect("an Offload pinned to the device");
+        let auto = Offload::builder()
+            .backend(backend.clone())
+            .build()
+            .expect("an Offload");
+        auto.calibrate().await.expect("calibration");
+        let on_device = || {
+            auto.backends()
+                .iter()
+                .find(|b| b.name == backend.name())
+                .map_or(0, |b| b.stats.requests)
+        };
+        let all = || {
+            auto.backends()
+                .iter()
+                .map(|b| b.stats.requests)
+                .sum::<u64>()
+        };
         let mut rows = Vec::new();
         for &size in &args.sizes {
             let irqs = dev.interrupts();
             let burst = ours_burst(session.clone(), dev.pool_bytes(), size, args).await;
             let between = dev.interrupts();
             let single = ours_per_request(session.clone(), size, args).await;
+            let after = dev.interrupts();
+            let single_buf = ours_on_buffers(session.clone(), &dev, size, args).await;
+            let p = offload_per_request(&pinned, size, false, args).await;
+            let pinned_buf = offload_per_request(&pinned, size, true, args).await;
+            let (d0, a0) = (on_device(), all());
+            let a = offload_per_request(&auto, size, false, args).await;
+            let auto_buf = offload_per_request(&auto, size, true, args).await;
+            let share = (on_device() - d0) as f64 / (all() - a0).max(1) as f64;
             eprintln!(
                 "ours on {device}, {size} B: burst {burst:.0} ops/s ({} interrupts), \
-                 1-by-1 {single:.0} ops/s ({} interrupts)",
+                 1-by-1 {:.0} ops/s {:.1} µs CPU ({} interrupts), Offload pinned {:.0} ops/s \
+                 {:.1} µs CPU, Auto {:.0} ops/s {:.1} µs CPU ({:.0}% on the device)",
                 between - irqs,
-                dev.interrupts() - between
+                single.ops,
+                single.cpu_us,
+                after - between,
+                p.ops,
+                p.cpu_us,
+                a.ops,
+                a.cpu_us,
+                share * 100.0
             );
-            rows.push((size, burst, single));
+            eprintln!(
+                "  on device-ready buffers: driver {:.0} ops/s {:.1} µs CPU, Offload pinned \
+                 {:.0} ops/s {:.1} µs CPU, Auto {:.0} ops/s {:.1} µs CPU",
+                single_buf.ops,
+                single_buf.cpu_us,
+                pinned_buf.ops,
+                pinned_buf.cpu_us,
+                auto_buf.ops,
+                auto_buf.cpu_us
+            );
+            rows.push(Row {
+                size,
+                burst,
+                single,
+                single_buf,
+                pinned: p,
+                pinned_buf,
+                auto: a,
+                auto_buf,
+                auto_on_device: share,
+            });
         }
         rows
     })
@@ -439,33 +632,92 @@ fn main() {
         "{:>6} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9}",
         "bytes", "IOMMU burst", "IOMMU 1by1", "PA burst", "PA 1by1", "DPDK", "PA/DPDK", "1by1/DPDK"
     );
+    let peer_at = |size: usize| dpdk.iter().find(|(s, _)| *s == size).map(|(_, r)| *r);
+    let num = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.0}"));
+    let ratio = |x: Option<f64>, peer: Option<f64>| match (x, peer) {
+        (Some(x), Some(p)) => format!("{:.2}x", x / p),
+        _ => "-".into(),
+    };
     let mut worst: Option<f64> = None;
-    for (i, &(size, burst, single)) in ours.iter().enumerate() {
-        let pa = ours_pa
-            .as_ref()
-            .and_then(|p| p.get(i))
-            .map(|&(_, b, s)| (b, s));
-        let peer = dpdk.iter().find(|(s, _)| *s == size).map(|(_, r)| *r);
-        let num = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.0}"));
-        let ratio = |x: Option<f64>| match (x, peer) {
-            (Some(x), Some(p)) => format!("{:.2}x", x / p),
-            _ => "-".into(),
-        };
-        if let (Some((b, _)), Some(p)) = (pa, peer) {
-            worst = Some(worst.map_or(b / p, |w: f64| w.min(b / p)));
+    for (i, row) in ours.iter().enumerate() {
+        let pa = ours_pa.as_ref().and_then(|p| p.get(i));
+        let peer = peer_at(row.size);
+        if let (Some(pa), Some(p)) = (pa, peer) {
+            worst = Some(worst.map_or(pa.burst / p, |w: f64| w.min(pa.burst / p)));
         }
         println!(
-            "{size:>6} {burst:>11.0} {single:>11.0} {:>11} {:>11} {:>11} {:>9} {:>9}",
-            num(pa.map(|p| p.0)),
-            num(pa.map(|p| p.1)),
+            "{:>6} {:>11.0} {:>11.0} {:>11} {:>11} {:>11} {:>9} {:>9}",
+            row.size,
+            row.burst,
+            row.single.ops,
+            num(pa.map(|p| p.burst)),
+            num(pa.map(|p| p.single.ops)),
             num(peer),
-            ratio(pa.map(|p| p.0)),
-            ratio(pa.map(|p| p.1)),
+            ratio(pa.map(|p| p.burst), peer),
+            ratio(pa.map(|p| p.single.ops), peer),
         );
     }
     match worst {
         Some(w) => println!("ours (PA, burst) / DPDK, lowest over the sizes: {w:.2}x"),
         None => println!("ours / DPDK: no figures for both"),
+    }
+    println!(
+        "Per request, {} tasks each awaiting one (ops/s, process CPU µs a request): the \
+         driver's encrypt on a Vec and encrypt_buffer on its own memory, then through \
+         Offload, pinned to the device and under Auto, on Vecs and on Offload::buffer",
+        args.clients
+    );
+    let cell = |r: Rate| format!("{:.0} {:.1}", r.ops, r.cpu_us);
+    let mut tables: Vec<(&str, &Vec<Row>)> = vec![("IOMMU", &ours)];
+    if let Some(pa) = &ours_pa {
+        tables.push(("PA", pa));
+    }
+    for (name, rows) in tables {
+        println!(
+            "{name:>6} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>9} {:>9}",
+            "drv Vec",
+            "drv buffer",
+            "pinned Vec",
+            "pinned buf",
+            "Auto Vec",
+            "Auto buf",
+            "DPDK",
+            "Auto dev%"
+        );
+        for row in rows {
+            println!(
+                "{:>6} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>9} {:>9.0}",
+                row.size,
+                cell(row.single),
+                cell(row.single_buf),
+                cell(row.pinned),
+                cell(row.pinned_buf),
+                cell(row.auto),
+                cell(row.auto_buf),
+                num(peer_at(row.size)),
+                row.auto_on_device * 100.0
+            );
+        }
+    }
+    if let Some(pa) = &ours_pa {
+        println!("PA device against DPDK on it (ops/s ratios):");
+        println!(
+            "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "bytes", "drv Vec", "drv buf", "pin Vec", "pin buf", "Auto Vec", "Auto buf"
+        );
+        for row in pa {
+            let peer = peer_at(row.size);
+            println!(
+                "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                row.size,
+                ratio(Some(row.single.ops), peer),
+                ratio(Some(row.single_buf.ops), peer),
+                ratio(Some(row.pinned.ops), peer),
+                ratio(Some(row.pinned_buf.ops), peer),
+                ratio(Some(row.auto.ops), peer),
+                ratio(Some(row.auto_buf.ops), peer),
+            );
+        }
     }
     // A pause so the last lines reach the console before the next step.
     std::thread::sleep(Duration::from_millis(10));

@@ -218,6 +218,21 @@ impl<'a> Dispatch<'a> {
         }
     }
 
+    /// The request's length.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The backend failed the request and could not hand its input back
+    /// whole: count the failure and open its breaker; nothing is replayed.
+    /// The backend's name.
+    pub(crate) fn lost(self, error: &BackendError) -> String {
+        let name = self.slots[self.slot].name();
+        tracing::error!(backend = name, error = %error, "backend failed a request and lost its input");
+        self.slots.failed(self.slot, error);
+        name.to_owned()
+    }
+
     /// The backend failed the request: count it, open its breaker, and note
     /// the replay on the CPU.
     pub(crate) fn failed(self, error: &BackendError) {

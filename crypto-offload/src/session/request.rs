@@ -183,6 +183,17 @@ impl<'a, O: Operation<'a, B>, B: Buffer> Request<'a, O, B> {
                 dispatch.completed();
                 result
             }
+            // Not the input it was sent (a backend that could not get it
+            // back from its device): a replay would compute on other
+            // bytes, and pass for a result.
+            Err(failed) if failed.buf.len() != dispatch.len() => {
+                let backend = dispatch.lost(&failed.error);
+                let error = crate::Error::Backend {
+                    backend,
+                    source: failed.error,
+                };
+                Err(RequestError::new(error, B::from_io(failed.buf)))
+            }
             Err(failed) => {
                 dispatch.failed(&failed.error);
                 self.op.run_cpu(&params, B::from_io(failed.buf))
