@@ -383,20 +383,39 @@ async fn calibrate_engine(
             Some((fixed, per_byte)) => (fixed.as_nanos() as f64, per_byte),
             None => fit_cpu((SMALL, &small), (len, &large)),
         };
-        // Concurrency, once: 4 requests at once against one, at the largest
-        // size whose 4 requests fit in what is left (serially, worst case).
+        // Concurrency, once: `n` requests at once against one, at the
+        // largest size whose `n` requests fit in what is left (serially,
+        // worst case) — 4, then 16 and 64 (within the engine's queue) while
+        // the engine keeps up: a device that batches what arrives while it
+        // is busy (one notification, one pass over its ring for many)
+        // serves many at once for little more than one, and the selector
+        // must know it to send it what it wins under load.
         if parallelism.is_none() {
-            let probe = [(len, large.wall), (SMALL, small.wall)]
-                .into_iter()
-                .find(|&(_, t)| 4.0 * t <= remaining());
-            if let Some((size, single)) = probe {
+            let depth = limits.queue_depth.unwrap_or(usize::MAX);
+            let mut found = None;
+            for n in [4usize, 16, 64] {
+                if n > depth.max(4) {
+                    break;
+                }
+                let probe = [(len, large.wall), (SMALL, small.wall)]
+                    .into_iter()
+                    .find(|&(_, t)| n as f64 * t <= remaining());
+                let Some((size, single)) = probe else {
+                    break;
+                };
                 let t = Instant::now();
-                for r in join_all((0..4).map(|_| request(ctx, dir, size)).collect()).await {
+                for r in join_all((0..n).map(|_| request(ctx, dir, size)).collect()).await {
                     r?;
                 }
-                let four = t.elapsed().as_nanos() as f64;
-                parallelism = Some(((4.0 * single / four.max(1.0)).round() as u32).clamp(1, 4));
+                let all = t.elapsed().as_nanos() as f64;
+                let p = ((n as f64 * single / all.max(1.0)).round() as u32).clamp(1, n as u32);
+                found = Some(found.map_or(p, |f: u32| f.max(p)));
+                // Saturated: more at once would only queue.
+                if (p as usize) * 2 < n {
+                    break;
+                }
             }
+            parallelism = found;
         }
         let mut cost = Cost::new(
             fixed,

@@ -403,23 +403,31 @@ impl VfioCipher {
         // of several data units goes through the copying path, which
         // windows its units).
         let one = self.session.algo() != vfio::CipherAlgo::AesXts || params.data_unit == buf.len();
+        // This device's memory: by its pool, not the backend's name (a
+        // buffer kept across a re-open of the same address is another
+        // pool's, and goes through the copying path).
         let ours = buf.device_owner() == Some(&*self.name);
-        if one && ours {
-            match buf.into_device() {
-                Ok(m) if m.as_any().is::<DmaMemory>() => {
-                    if let Ok(m) = m.into_any().downcast::<DmaMemory>() {
-                        return self.in_place(encrypt, &params.iv, *m).await;
+        let buf = match buf.into_device() {
+            Ok(m) if one && ours && m.as_any().is::<DmaMemory>() => {
+                let mine = m
+                    .as_any()
+                    .downcast_ref::<DmaMemory>()
+                    .is_some_and(|d| self.session.owns(&d.buf));
+                match m.into_any().downcast::<DmaMemory>() {
+                    Ok(d) if mine => return self.in_place(encrypt, &params.iv, *d).await,
+                    Ok(d) => IoBuf::from_device(d),
+                    // Never: the type was checked.
+                    Err(_) => {
+                        return Err(Failed::new(
+                            BackendError::Other("device memory of another type".into()),
+                            IoBuf::from(Vec::new()),
+                        ));
                     }
-                    // Never: the type was just checked.
-                    return Err(Failed::new(
-                        BackendError::Other("device memory of another type".into()),
-                        IoBuf::from(Vec::new()),
-                    ));
                 }
-                Ok(m) => return self.copied(encrypt, params, IoBuf::from_device(m)).await,
-                Err(buf) => return self.copied(encrypt, params, buf).await,
             }
-        }
+            Ok(m) => IoBuf::from_device(m),
+            Err(buf) => buf,
+        };
         self.copied(encrypt, params, buf).await
     }
 

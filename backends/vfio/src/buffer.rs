@@ -14,7 +14,6 @@
 //! [`CipherSession::encrypt_buffer`]: crate::CipherSession::encrypt_buffer
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crate::dma::{DmaBuf, DmaPool};
 use crate::error::Error;
@@ -27,9 +26,8 @@ use crate::request::DATA_AT;
 ///
 /// [`CipherSession::encrypt_buffer`]: crate::CipherSession::encrypt_buffer
 pub struct DmaBuffer {
+    /// Its memory, counted among the pool's lent bytes until freed.
     pub(crate) dma: DmaBuf,
-    /// Counted among the pool's lent bytes while the caller holds it.
-    _lease: Lease,
     /// The data's length.
     pub(crate) len: usize,
     /// The bytes of each half: the longest data, padded to whole blocks.
@@ -54,27 +52,20 @@ impl DmaBuffer {
     /// ordinary memory (copied through the pool) always have room.
     pub(crate) fn try_new(pool: &Arc<DmaPool>, len: usize) -> Result<Option<DmaBuffer>, Error> {
         let half = len.next_multiple_of(16);
-        let bytes = DATA_AT + 2 * half;
-        let limit = pool.len() / 2;
-        let lease = Lease::new(pool, bytes);
-        if lease.total > limit {
-            return Ok(None);
-        }
-        Ok(pool.try_alloc(bytes)?.map(|dma| DmaBuffer {
-            dma,
-            _lease: lease,
-            len,
-            half,
-            active: 0,
-        }))
+        Ok(pool
+            .try_alloc_lent(DATA_AT + 2 * half)?
+            .map(|dma| DmaBuffer {
+                dma,
+                len,
+                half,
+                active: 0,
+            }))
     }
 
     /// A buffer again, around memory a request gave back.
     pub(crate) fn from_parts(dma: DmaBuf, len: usize, half: usize, active: usize) -> DmaBuffer {
-        let lease = Lease::new(dma.pool(), dma.len());
         DmaBuffer {
             dma,
-            _lease: lease,
             len,
             half,
             active,
@@ -120,9 +111,17 @@ impl DmaBuffer {
 
     /// The data, to read in place.
     pub fn as_slice(&self) -> &[u8] {
-        self.dma
-            .slice(self.half_at(self.active), self.len)
-            .unwrap_or_default()
+        // SAFETY: a `DmaBuffer` never writes through its memory while it
+        // is borrowed (requests take it by value: they write the header,
+        // IV, status and table and hand it to the device only then), so
+        // nothing writes the data while `&self` lives — but a device that
+        // breaks the virtio rules by writing memory it was not handed, or
+        // after it completed a request (the driver declares a device that
+        // completes a buffer request without writing its status broken,
+        // and parks that memory): the data are plain bytes, with no invalid
+        // values and no pointers, so such a device can make them wrong,
+        // never make the slice unsound to use.
+        unsafe { self.dma.slice(self.half_at(self.active), self.len) }.unwrap_or_default()
     }
 
     /// The data, to fill or transform in place.
@@ -131,7 +130,11 @@ impl DmaBuffer {
         // In range by construction (`len <= half`, two halves after
         // `DATA_AT`); an error would be this module's bug, and an empty
         // slice is the answer that breaks nothing.
-        self.dma.slice_mut(at, len).unwrap_or_default()
+        // SAFETY: not in the device: a request takes the `DmaBuffer` by
+        // value and gives the memory back only once the device has
+        // completed it (as for `as_slice`, a device that writes memory it
+        // was not handed can only make plain bytes wrong).
+        unsafe { self.dma.slice_mut(at, len) }.unwrap_or_default()
     }
 
     /// Whether it was carved from `pool`.
@@ -139,39 +142,10 @@ impl DmaBuffer {
         self.dma.same_pool(pool)
     }
 
-    /// Its memory, handed to a request (no longer counted as lent: a
-    /// request that fails or is dropped frees it with the queue), with
-    /// its length, half size and active half.
+    /// Its memory, handed to a request (still counted as lent until it is
+    /// freed, wherever it goes), with its length, half size and active
+    /// half.
     pub(crate) fn into_parts(self) -> (DmaBuf, usize, usize, usize) {
         (self.dma, self.len, self.half, self.active)
-    }
-}
-
-/// Bytes of a pool counted as lent to device-ready buffers, uncounted on
-/// drop.
-struct Lease {
-    pool: Arc<DmaPool>,
-    bytes: usize,
-    /// The pool's lent bytes with these.
-    total: usize,
-}
-
-impl Lease {
-    fn new(pool: &Arc<DmaPool>, bytes: usize) -> Lease {
-        let total = pool
-            .lent
-            .fetch_add(bytes, Ordering::AcqRel)
-            .saturating_add(bytes);
-        Lease {
-            pool: pool.clone(),
-            bytes,
-            total,
-        }
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.pool.lent.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }

@@ -114,10 +114,38 @@ impl DmaPool {
                     pool: self.clone(),
                     offset: first * UNIT,
                     len: units * UNIT,
+                    lent: false,
                 }));
             }
         }
         Ok(None)
+    }
+
+    /// `len` bytes for a device-ready buffer, if there is room now and
+    /// buffers (counted in whole units, in flight or not, until the memory
+    /// is freed) stay within half the pool.
+    pub(crate) fn try_alloc_lent(self: &Arc<Self>, len: usize) -> Result<Option<DmaBuf>, Error> {
+        let bytes = len.max(1).div_ceil(UNIT) * UNIT;
+        let total = self
+            .lent
+            .fetch_add(bytes, std::sync::atomic::Ordering::AcqRel)
+            .saturating_add(bytes);
+        let buf = if total > self.len() / 2 {
+            Ok(None)
+        } else {
+            self.try_alloc(len)
+        };
+        match buf {
+            Ok(Some(mut b)) => {
+                b.lent = true;
+                Ok(Some(b))
+            }
+            other => {
+                self.lent
+                    .fetch_sub(bytes, std::sync::atomic::Ordering::AcqRel);
+                other
+            }
+        }
     }
 
     /// `len` bytes, waiting for requests to free room if need be.
@@ -256,6 +284,10 @@ pub struct DmaBuf {
     pool: Arc<DmaPool>,
     offset: usize,
     len: usize,
+    /// A device-ready buffer's memory: counted in the pool's `lent` bytes
+    /// until freed (wherever it is meanwhile: with its owner, in the
+    /// device, parked).
+    lent: bool,
 }
 
 impl DmaBuf {
@@ -294,31 +326,33 @@ impl DmaBuf {
         }
     }
 
-    /// Its pool.
-    pub(crate) fn pool(&self) -> &Arc<DmaPool> {
-        &self.pool
-    }
-
     /// `len` bytes at `at` as a shared slice: a device-ready buffer's
-    /// data, while no request holds it.
-    pub(crate) fn slice(&self, at: usize, len: usize) -> Result<&[u8], Error> {
+    /// data.
+    ///
+    /// # Safety
+    /// Nothing writes the range while the slice lives: no write through
+    /// this buffer (`write` and the like take `&self`), and the buffer is
+    /// not in the device.
+    pub(crate) unsafe fn slice(&self, at: usize, len: usize) -> Result<&[u8], Error> {
         let offset = self.check(at, len)?;
-        // SAFETY: as for `slice_mut`: the range is this buffer's, the
-        // device does not have it while the buffer is borrowed (a request
-        // takes the buffer by value), and `&self` excludes `slice_mut` and
-        // every write through this buffer for the slice's life.
+        // SAFETY: the range is this buffer's (the pool hands a unit to one
+        // buffer at a time); no writer while the slice lives is the
+        // caller's promise.
         unsafe { self.pool.mem.slice(offset, len) }
     }
 
     /// `len` bytes at `at` as a slice, to fill or read in place: a
-    /// device-ready buffer's data, while no request holds it.
-    pub(crate) fn slice_mut(&mut self, at: usize, len: usize) -> Result<&mut [u8], Error> {
+    /// device-ready buffer's data.
+    ///
+    /// # Safety
+    /// The buffer is not in the device while the slice lives (`&mut self`
+    /// excludes every other access through it).
+    pub(crate) unsafe fn slice_mut(&mut self, at: usize, len: usize) -> Result<&mut [u8], Error> {
         let offset = self.check(at, len)?;
         // SAFETY: this `DmaBuf` owns `offset..offset + len` (the pool hands
-        // a unit to one buffer at a time), and `&mut self` excludes every
-        // other access through it for the slice's life; the device is
-        // handed a buffer's memory only inside a request, which takes the
-        // `DmaBuf` by value, so it is not in the device while borrowed here.
+        // a unit to one buffer at a time), `&mut self` excludes every other
+        // access through it for the slice's life, and the device does not
+        // have it (the caller's promise).
         unsafe { self.pool.mem.slice_mut(offset, len) }
     }
 
@@ -345,6 +379,11 @@ impl DmaBuf {
 impl Drop for DmaBuf {
     fn drop(&mut self) {
         self.pool.free(self.offset, self.len);
+        if self.lent {
+            self.pool
+                .lent
+                .fetch_sub(self.len, std::sync::atomic::Ordering::AcqRel);
+        }
     }
 }
 

@@ -64,6 +64,10 @@ pub(crate) struct Faults {
     /// After this many more data completions, the next used entry names
     /// this id instead of the request's head.
     pub(crate) lie_after: Option<(u64, u32)>,
+    /// Interrupts for data completions even while the driver asked for
+    /// none (VIRTQ_AVAIL_F_NO_INTERRUPT): by default the device honours
+    /// the flag, as QEMU's does.
+    pub(crate) ignore_no_interrupt: bool,
 }
 
 /// What the emulated device saw.
@@ -351,6 +355,7 @@ fn run(shared: &Shared) {
 fn serve(state: &mut State) -> bool {
     let mut any = false;
     for index in [1u16, 0] {
+        let before = any;
         if index == 1 && state.faults.hang_control {
             continue;
         }
@@ -372,6 +377,14 @@ fn serve(state: &mut State) -> bool {
             } else {
                 control(state, &ring, head)
             };
+        }
+        if index == 0
+            && !before
+            && any
+            && !state.faults.ignore_no_interrupt
+            && !ring.interrupts_wanted()
+        {
+            any = false;
         }
         state.rings.insert(index, ring);
     }

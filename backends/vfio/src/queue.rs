@@ -481,6 +481,10 @@ pub(crate) struct Queue {
     /// Times a submission found the ring full: it staged what fit, and the
     /// rest waited for room (unless the device had made room meanwhile).
     pub(crate) full: AtomicU64,
+    /// Tells the completion task that callers sleep behind a poller, so
+    /// that it watches for a poller that stopped polling
+    /// ([`Queue::needs_watch`]).
+    pub(crate) watch: Arc<Notify>,
 }
 
 pub(crate) struct QueueState {
@@ -494,6 +498,8 @@ pub(crate) struct QueueState {
     /// Its requests were failed (reset, removal, broken): completions of
     /// the chains they left in the ring are expected, and ignored.
     pub(crate) failed: bool,
+    /// The completion task was told that callers sleep behind a poller.
+    pub(crate) watched: bool,
 }
 
 impl QueueState {
@@ -522,10 +528,12 @@ impl Queue {
                 tickets: Tickets::default(),
                 pollers: 0,
                 failed: false,
+                watched: false,
             }),
             room: Notify::new(),
             room_waiters: AtomicUsize::new(0),
             full: AtomicU64::new(0),
+            watch: Arc::new(Notify::new()),
         }
     }
 
@@ -627,7 +635,29 @@ impl Queue {
             // Not a live ticket (never: a ticket is taken once): failed.
             _ => return TicketPoll::Ready(Err(())),
         }
+        // Asleep behind a poller: the completion task watches that the
+        // poller keeps polling (its future may be held and not polled, by
+        // a `select!` or by this very task awaiting another request).
+        if state.pollers > 0 && !state.watched {
+            state.watched = true;
+            drop(state);
+            self.watch.notify_one();
+        }
         TicketPoll::Asleep
+    }
+
+    /// Whether callers may sleep behind a poller now (one polls, and the
+    /// device holds requests): the completion task then drains the ring
+    /// itself whenever no interrupt came for a while, so that a poller
+    /// whose future is not being polled stalls nobody. If not, the next
+    /// sleeper tells it again.
+    pub(crate) fn needs_watch(&self) -> bool {
+        let mut state = self.lock();
+        let watch = state.pollers > 0 && !state.pending.is_empty();
+        if !watch {
+            state.watched = false;
+        }
+        watch
     }
 
     /// A caller starts polling the ring: the device's interrupts are off
@@ -1350,5 +1380,22 @@ mod tests {
         let parked = q.fail_all();
         assert_eq!(parked.len(), 1);
         assert_eq!(q.lock().tickets.in_use(), 0);
+    }
+
+    /// `Tickets` derives Debug; a failed ticket keeps the rescued
+    /// input (plaintext) in `Failed(Zeroizing<Vec<u8>>)`, whose Debug prints
+    /// the bytes.
+    #[test]
+    fn a_failed_tickets_debug_prints_no_bytes() {
+        let mut t = Tickets::default();
+        let id = t.open();
+        t.fail(
+            id,
+            Some(Zeroizing::new(b"secret".to_vec())),
+            &mut Vec::new(),
+        );
+        let s = format!("{t:?}");
+        eprintln!("DEBUG: {s}");
+        assert!(!s.contains("115, 101, 99, 114, 101, 116"), "{s}");
     }
 }

@@ -15,7 +15,7 @@ use crate::device::DeviceState;
 use crate::dma::{DmaBuf, UNIT};
 use crate::error::{BufferFailed, Error, Failed, Returned};
 use crate::protocol::{self, CipherAlgo};
-use crate::queue::{Burst, Queue, Rescue, Ticket};
+use crate::queue::{Burst, Host, Queue, Rescue, Ticket};
 use crate::request::{Chain, DmaRequest, HEADER_AT, IV_AT, Layout, STATUS_AT, TABLE_AT};
 
 /// How long a request may take before it is given up as hung: `fixed`
@@ -39,6 +39,9 @@ impl RequestTimeout {
         self.fixed.saturating_add(more)
     }
 }
+
+/// The status byte as the driver leaves it for the device to write.
+const NOT_WRITTEN: u8 = 0xff;
 
 /// The most XTS data units one request keeps in the device at once.
 pub const UNITS_IN_FLIGHT: usize = 64;
@@ -349,6 +352,12 @@ impl CipherSession {
         }
     }
 
+    /// Whether `buf` is this session's device's memory (a request on it
+    /// goes in place; another device's is refused).
+    pub fn owns(&self, buf: &DmaBuffer) -> bool {
+        buf.same_pool(&self.dev.pool)
+    }
+
     /// Encrypts a device-ready buffer of this session's device in place:
     /// no copy in or out (the device reads the data's half of the buffer
     /// and writes the other, which then holds the data). The zero-copy
@@ -436,7 +445,7 @@ impl CipherSession {
                 &protocol::cipher_request(self.algo, id, encrypt, padded),
             )?;
             dma.write(IV_AT, iv)?;
-            dma.write_u8(STATUS_AT, 0xff)?;
+            dma.write_u8(STATUS_AT, NOT_WRITTEN)?;
             let mut chain = Chain::empty();
             chain.add(dma.segment(HEADER_AT, protocol::HEADER_LEN, false));
             if !iv.is_empty() {
@@ -499,6 +508,26 @@ impl CipherSession {
         match r {
             Ok(done) => match done.read_u8(STATUS_AT) {
                 Ok(protocol::STATUS_OK) => Ok(DmaBuffer::from_parts(done, len, half, 1 - active)),
+                // Completed without a status written: the device handed
+                // back a request it did not process, and may write it
+                // still. It is not trusted again (its requests fail, their
+                // memory parked with this one), and the buffer is not lent
+                // out again: the input comes back copied.
+                Ok(NOT_WRITTEN) => {
+                    let mut copy = vec![0u8; len];
+                    let copied = done.read(input, &mut copy);
+                    let why = "completed a buffer request without writing its status";
+                    self.dev
+                        .broken(&self.dev.data, Error::Broken(why.into()), vec![done]);
+                    let buf = match copied {
+                        Ok(()) => Returned::Copied(copy),
+                        Err(_) => Returned::Lost,
+                    };
+                    Err(BufferFailed {
+                        error: Error::Broken(why.into()),
+                        buf,
+                    })
+                }
                 // Refused: the input half is as it was.
                 Ok(status) => refuse(
                     Error::Status { status },

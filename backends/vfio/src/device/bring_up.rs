@@ -103,7 +103,7 @@ impl CryptoDevice {
             control_timeout: std::sync::atomic::AtomicU64::new(CONTROL_TIMEOUT.as_nanos() as u64),
         });
         let fd = readable(up.irq)?;
-        let task = tokio::spawn(reap(Arc::downgrade(&inner), fd));
+        let task = tokio::spawn(reap(Arc::downgrade(&inner), fd, inner.data.watch.clone()));
         *inner.reaper.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         let req = readable(req)?;
         let watcher = tokio::spawn(watch_removal(Arc::downgrade(&inner), req));

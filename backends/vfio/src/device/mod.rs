@@ -174,6 +174,12 @@ impl CryptoDevice {
         crate::buffer::DmaBuffer::try_new(&self.inner.pool, len)
     }
 
+    /// Bytes of its pool held by device-ready buffers (for tests).
+    #[cfg(test)]
+    pub(crate) fn pool_lent(&self) -> usize {
+        self.inner.pool.lent.load(Ordering::Relaxed)
+    }
+
     /// Sets how long a caller waiting for its requests polls the device's
     /// used ring while no completion comes before it sleeps on the
     /// interrupt ([`POLL_FOR`] by default). Zero: never poll — every

@@ -31,12 +31,19 @@ impl DeviceState {
         &self,
         ticket: &mut Ticket<Q>,
     ) -> Result<(DmaBuf, u32), Error> {
-        let lead = self.poll_for.load(Ordering::Relaxed) > 0;
+        let polls = self.poll_for.load(Ordering::Relaxed) > 0;
+        // After a quiet stop, not at once: asleep until something wakes it
+        // (a completion by interrupt, a hand-off).
+        let mut quiet = false;
         loop {
-            let lead = std::future::poll_fn(|cx| match ticket.poll(cx.waker(), lead) {
-                TicketPoll::Ready(r) => Poll::Ready(Err(r)),
-                TicketPoll::Lead => Poll::Ready(Ok(())),
-                TicketPoll::Asleep => Poll::Pending,
+            let mut first = true;
+            let lead = std::future::poll_fn(|cx| {
+                let lead = polls && !(quiet && std::mem::take(&mut first));
+                match ticket.poll(cx.waker(), lead) {
+                    TicketPoll::Ready(r) => Poll::Ready(Err(r)),
+                    TicketPoll::Lead => Poll::Ready(Ok(())),
+                    TicketPoll::Asleep => Poll::Pending,
+                }
             })
             .await;
             match lead {
@@ -45,11 +52,10 @@ impl DeviceState {
                     let q = ticket.queue();
                     let mut polling = Polling::adopt(self, q);
                     let done = self.poll_until(q, &mut polling, || Ok(ticket.is_settled()));
-                    if !done.await? {
-                        // Quiet for the budget: sleep like the others
-                        // (interrupts back on).
-                        polling.quiet = true;
-                    }
+                    // Quiet for the budget: sleep like the others
+                    // (interrupts back on when the guard goes).
+                    quiet = !done.await?;
+                    polling.quiet = quiet;
                 }
             }
         }

@@ -5,12 +5,13 @@
 //! (hot-unplug) and releases it; `readable` registers their eventfds with
 //! the runtime.
 
-use std::sync::Weak;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
 use nix::sys::eventfd::EventFd;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
 
 use super::DeviceState;
 use crate::error::Error;
@@ -43,10 +44,36 @@ pub(super) async fn watch_removal(inner: Weak<DeviceState>, req: AsyncFd<EventFd
     }
 }
 
-/// The completion task: each interrupt drains both queues.
-pub(super) async fn reap(inner: Weak<DeviceState>, irq: AsyncFd<EventFd>) {
+/// How often the completion task drains the data queue itself while
+/// callers sleep behind a poller and no interrupt comes (the device's
+/// interrupts are off while one polls): the bound on how long a poller
+/// whose future is not being polled can hold up the others.
+pub(super) const WATCHDOG: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The completion task: each interrupt drains both queues; while callers
+/// sleep behind a poller, it also drains the data queue every
+/// [`WATCHDOG`] without an interrupt.
+pub(super) async fn reap(inner: Weak<DeviceState>, irq: AsyncFd<EventFd>, watch: Arc<Notify>) {
     loop {
-        let mut ready = match irq.readable().await {
+        let watching = match inner.upgrade() {
+            Some(inner) => inner.data.needs_watch(),
+            None => return,
+        };
+        let ready = if watching {
+            tokio::time::timeout(WATCHDOG, irq.readable()).await.ok()
+        } else {
+            tokio::select! {
+                r = irq.readable() => Some(r),
+                () = watch.notified() => None,
+            }
+        };
+        let Some(ready) = ready else {
+            if watching && let Some(inner) = inner.upgrade() {
+                inner.drain(&inner.data);
+            }
+            continue;
+        };
+        let mut ready = match ready {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(%e, "interrupt eventfd failed");
