@@ -183,38 +183,49 @@ pub(crate) struct Prediction {
 /// the model.
 pub(crate) type Decision = (SlotId, Option<Prediction>);
 
+/// Whether slot `id` takes `req` now (runs its algorithm, circuit closed,
+/// a shape within its limits); if so, the operations it pays for (an
+/// engine that takes a data unit per operation pays, and is limited, per
+/// unit). No model, no floating point: what a pinned request is checked
+/// against every time.
+fn fits(slots: &Slots, id: SlotId, req: &Request) -> Result<usize, Exclusion> {
+    if id.is_cpu() {
+        return Ok(1);
+    }
+    let slot = &slots[id];
+    let Some(limits) = slot.limits(req.alg) else {
+        return Err(Exclusion::Unsupported);
+    };
+    if slot.breaker.is_open() {
+        return Err(Exclusion::CircuitOpen);
+    }
+    let (len, unit) = (req.len, req.unit);
+    let (shape, units) = if limits.one_operation_per_unit {
+        (unit.min(len), len.div_ceil(unit.max(1)))
+    } else {
+        (len, 1)
+    };
+    if limits.max_request.is_some_and(|max| shape > max) {
+        return Err(Exclusion::TooLarge);
+    }
+    if !shape.is_multiple_of(limits.length_multiple) {
+        return Err(Exclusion::Length);
+    }
+    Ok(units)
+}
+
+/// One pinned request in this many is predicted and its completion timed
+/// into the engine's model (what `explain` reports); the others only have
+/// their shape checked. Under TCG, where floating point is emulated, the
+/// model's arithmetic on every request cost the pinned VFIO path several
+/// µs a request.
+const PINNED_SAMPLE_EVERY: u32 = 16;
+
 /// The prediction for one slot, or why it is not eligible.
 pub(crate) fn predict(slots: &Slots, id: SlotId, req: &Request) -> Result<Prediction, Exclusion> {
-    let Request {
-        alg,
-        dir,
-        len,
-        unit,
-    } = *req;
+    let Request { alg, dir, len, .. } = *req;
     let slot = &slots[id];
-    // An engine that takes a data unit per operation pays (and is limited)
-    // per unit.
-    let mut units = 1;
-    if !id.is_cpu() {
-        let Some(limits) = slot.limits(alg) else {
-            return Err(Exclusion::Unsupported);
-        };
-        if slot.breaker.is_open() {
-            return Err(Exclusion::CircuitOpen);
-        }
-        let shape = if limits.one_operation_per_unit {
-            units = len.div_ceil(unit.max(1));
-            unit.min(len)
-        } else {
-            len
-        };
-        if limits.max_request.is_some_and(|max| shape > max) {
-            return Err(Exclusion::TooLarge);
-        }
-        if !shape.is_multiple_of(limits.length_multiple) {
-            return Err(Exclusion::Length);
-        }
-    }
+    let units = fits(slots, id, req)?;
     let model = &slot.model;
     let entry = model.entry(alg, dir);
     let Some(cost) = entry.cost() else {
@@ -389,12 +400,21 @@ pub(crate) fn choose(slots: &Slots, req: &Request) -> Decision {
 #[inline(never)]
 fn choose_among(slots: &Slots, req: &Request) -> Decision {
     if let Some(p) = slots.pinned {
-        // Pinned to an engine: its completions still teach its model (what
-        // `explain` reports). A request of a shape it cannot take (too
-        // large, a length it cannot divide) runs on the CPU rather than
-        // fail there.
-        return match predict(slots, p, req) {
-            Ok(prediction) => (p, Some(prediction)),
+        // Pinned to an engine: a sample of its completions still teaches
+        // its model (what `explain` reports). A request of a shape it
+        // cannot take (too large, a length it cannot divide) runs on the
+        // CPU rather than fail there.
+        thread_local! {
+            static TICK: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+        }
+        let sampled = nth_call(&TICK, PINNED_SAMPLE_EVERY).is_some();
+        let fit = if sampled {
+            predict(slots, p, req).map(Some)
+        } else {
+            fits(slots, p, req).map(|_| None)
+        };
+        return match fit {
+            Ok(prediction) => (p, prediction),
             Err(Exclusion::TooLarge | Exclusion::Length) => (SlotId::CPU, None),
             Err(_) => (p, None),
         };

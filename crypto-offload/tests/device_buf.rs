@@ -298,3 +298,43 @@ async fn a_failure_that_keeps_the_buffer_is_replayed_and_one_that_loses_it_is_an
     assert_eq!(offload.backends()[1].stats.failures, 1);
     let _ = DeviceBuf::from(vec![1, 2, 3]);
 }
+
+/// What the session pipeline costs an engine request: 64 tasks on one
+/// thread each awaiting `encrypt` of 64 bytes through an `Offload` pinned
+/// to an engine that answers at once. A measurement, not a check.
+#[test]
+#[ignore = "a measurement: cargo test --release -p crypto-offload --test device_buf -- --ignored --nocapture"]
+fn engine_request_overhead() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let lender = Lender::new("lender");
+        let offload = pinned(&lender);
+        let s = std::rc::Rc::new(offload.cipher(CBC, &KEY).await.unwrap());
+        for round in 0..3 {
+            let start = std::time::Instant::now();
+            let tasks: Vec<_> = (0..64)
+                .map(|_| {
+                    let s = s.clone();
+                    tokio::task::spawn_local(async move {
+                        let mut buf = vec![0u8; 64];
+                        for _ in 0..20_000 {
+                            buf = s.encrypt(&[0; 16], buf).await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let n = 64.0 * 20_000.0;
+            println!(
+                "round {round}: {:.0} ns a request",
+                start.elapsed().as_nanos() as f64 / n
+            );
+        }
+    });
+}
