@@ -25,6 +25,8 @@ pub struct DmaPool {
     used: Mutex<Vec<bool>>,
     /// Wakes a request waiting for room.
     freed: tokio::sync::Notify,
+    /// Requests waiting on `freed` (counted before they look again).
+    waiters: std::sync::atomic::AtomicUsize,
     /// Bytes held by device-ready buffers (`DmaBuffer`), which may take
     /// at most half the pool.
     pub(crate) lent: std::sync::atomic::AtomicUsize,
@@ -74,6 +76,7 @@ impl DmaPool {
             container,
             used: Mutex::new(vec![false; units]),
             freed: tokio::sync::Notify::new(),
+            waiters: std::sync::atomic::AtomicUsize::new(0),
             lent: std::sync::atomic::AtomicUsize::new(0),
         }
     }
@@ -153,10 +156,16 @@ impl DmaPool {
     /// # Cancel safety
     /// Cancel safe: nothing is allocated until it returns.
     pub async fn alloc(self: &Arc<Self>, len: usize) -> Result<DmaBuf, Error> {
+        // Room now (the usual case): no lock of the waiter list.
+        if let Some(buf) = self.try_alloc(len)? {
+            return Ok(buf);
+        }
         loop {
-            let notified = self.freed.notified();
-            tokio::pin!(notified);
+            // Registered, counted, then looked at again: a free after the
+            // registration wakes this; one before it is seen by the look.
+            let mut notified = std::pin::pin!(self.freed.notified());
             notified.as_mut().enable();
+            let _counted = Waiting::new(&self.waiters);
             if let Some(buf) = self.try_alloc(len)? {
                 return Ok(buf);
             }
@@ -172,7 +181,10 @@ impl DmaPool {
             .iter_mut()
             .for_each(|u| *u = false);
         drop(used);
-        self.freed.notify_waiters();
+        // Only when someone waits: `notify_waiters` locks the waiter list.
+        if self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            self.freed.notify_waiters();
+        }
     }
 
     /// Units in use (for tests and stats).
@@ -387,6 +399,23 @@ impl Drop for DmaBuf {
     }
 }
 
+/// A request counted as waiting for pool room while it lives (a dropped
+/// future uncounts itself).
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Waiting<'a> {
+        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to).max(1) * to
 }
@@ -433,5 +462,33 @@ mod tests {
         assert!(!waiter.is_finished());
         drop(held);
         assert_eq!(waiter.await.unwrap().unwrap(), UNIT);
+    }
+
+    /// A request waiting for room is woken by a free (and only a waiting
+    /// one costs the waiter list's lock); one dropped while waiting is no
+    /// longer counted.
+    #[tokio::test]
+    async fn a_full_pool_wakes_its_waiter_on_a_free_and_forgets_a_dropped_one() {
+        use std::sync::atomic::Ordering;
+        let pool = Arc::new(DmaPool::unmapped(4096).unwrap());
+        let all = pool.try_alloc(4096).unwrap().unwrap();
+        let dropped =
+            tokio::time::timeout(std::time::Duration::from_millis(10), pool.alloc(512)).await;
+        assert!(dropped.is_err(), "no room: it waits");
+        assert_eq!(
+            pool.waiters.load(Ordering::Acquire),
+            0,
+            "the dropped one uncounted"
+        );
+        let waiter = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.alloc(512).await.map(|b| b.len()) })
+        };
+        while pool.waiters.load(Ordering::Acquire) == 0 {
+            tokio::task::yield_now().await;
+        }
+        drop(all);
+        assert_eq!(waiter.await.unwrap().unwrap(), 512);
+        assert_eq!(pool.waiters.load(Ordering::Acquire), 0);
     }
 }

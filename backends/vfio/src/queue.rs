@@ -842,12 +842,6 @@ impl Queue {
     ) -> Result<(), Error> {
         let mut next = 0;
         while next < n {
-            let room = self.room.notified();
-            tokio::pin!(room);
-            room.as_mut().enable();
-            // Counted before the ring is looked at under its lock, so that
-            // a drain that frees descriptors after that look sees it.
-            let _waiting = RoomWaiter::new(self);
             let mut orphans = Vec::new();
             let step = {
                 let mut state = self.lock();
@@ -875,9 +869,16 @@ impl Queue {
                 host.notify(self)?;
             }
             if let Some(free) = full {
-                // Queue full: completions free descriptors. Look at the
-                // ring first (interrupts may be off for pollers), then wait.
+                // Queue full: completions free descriptors. Registered as a
+                // waiter only now (a submission that finds room, the usual
+                // case, takes no lock of the waiter list), then the ring is
+                // looked at again (interrupts may be off for pollers): a
+                // drain that frees descriptors after the registration wakes
+                // this; one before it left more free than `free`, seen here.
                 self.full.fetch_add(1, Ordering::Relaxed);
+                let mut room = std::pin::pin!(self.room.notified());
+                room.as_mut().enable();
+                let _waiting = RoomWaiter::new(self);
                 self.drain(host);
                 if self.lock().ring.free_descriptors() <= free {
                     room.await;
