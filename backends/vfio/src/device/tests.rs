@@ -1060,18 +1060,23 @@ mod poller_and_buffers {
         );
     }
 
-    /// Stress: many tasks, ordinary and buffer requests, random
-    /// cancellations, on a device that honours NO_INTERRUPT; every task
-    /// finishes, results right, nothing held at the end.
-    async fn stress(poll_for: Duration) {
+    /// A device with a 64-entry ring polled for `poll_for`, its idle DMA
+    /// units, and a key.
+    fn stress_device(poll_for: Duration) -> (CryptoDevice, Handle, usize, Vec<u8>) {
         let (dev, handle) = open(Setup {
             queue_max: [64, 64],
             ..Setup::default()
         });
-        handle.faults(|f| f.ignore_no_interrupt = false);
         dev.set_poll_for(poll_for);
         let idle = dev.dma_units_in_use();
-        let key = pattern(16, 9);
+        (dev, handle, idle, pattern(16, 9))
+    }
+
+    /// Stress: many tasks, ordinary and buffer requests, random
+    /// cancellations, on a device that honours NO_INTERRUPT; every task
+    /// finishes, results right, nothing held at the end.
+    async fn stress(poll_for: Duration) {
+        let (dev, _handle, idle, key) = stress_device(poll_for);
         let s = Arc::new(dev.cipher_session(CipherAlgo::AesCtr, &key).await.unwrap());
         let tasks: Vec<_> = (0..48u32)
             .map(|t| {
@@ -1144,14 +1149,7 @@ mod poller_and_buffers {
     /// As `stress`, with a session timeout and the device hanging on and
     /// off: each failure hands the input back (copied or in the buffer).
     async fn stress_hangs(poll_for: Duration) {
-        let (dev, handle) = open(Setup {
-            queue_max: [64, 64],
-            ..Setup::default()
-        });
-        handle.faults(|f| f.ignore_no_interrupt = false);
-        dev.set_poll_for(poll_for);
-        let idle = dev.dma_units_in_use();
-        let key = pattern(16, 9);
+        let (dev, handle, idle, key) = stress_device(poll_for);
         let s = Arc::new(
             dev.cipher_session(CipherAlgo::AesCtr, &key)
                 .await
