@@ -69,10 +69,17 @@ pub const VFIO_MODULES: &[&str] = &[
     "vfio-pci",
 ];
 
+/// The modules only the virtio run loads, after [`GUEST_MODULES`]:
+/// `crypto_user` (NETLINK_CRYPTO), which libkcapi asks for a cipher's
+/// block and IV sizes before it opens a handle — the `kcapi-peer` the
+/// `af-alg-vs-kcapi` step runs fails without it.
+pub const VIRTIO_MODULES: &[&str] = &["crypto_user"];
+
 /// The modules `run` loads after [`GUEST_MODULES`].
 pub fn run_modules(run: RunKind) -> &'static [&'static str] {
     match run {
-        RunKind::Plain | RunKind::Virtio => &[],
+        RunKind::Plain => &[],
+        RunKind::Virtio => VIRTIO_MODULES,
         RunKind::Vfio => VFIO_MODULES,
     }
 }
