@@ -64,15 +64,16 @@ pub struct AfAlgBackend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum AfAlgMechanism {
+    /// A request thread per request in flight (two thread hand-offs a
+    /// request; the default, steadier in the measurements of
+    /// `docs/benchmarks.md` §4).
+    #[default]
+    Threads,
     /// Native AIO, batched: concurrent requests' reads go to the kernel
     /// several per `io_submit`, and their completions wake their tasks
-    /// several per wake-up (the default). Requests of more than one
-    /// operation, or spliced, use the request threads.
-    #[default]
+    /// several per wake-up. Requests of more than one operation, or
+    /// spliced, use the request threads.
     Aio,
-    /// A request thread per request in flight (two thread hand-offs a
-    /// request).
-    Threads,
 }
 
 impl AfAlgBackend {

@@ -238,20 +238,40 @@ pub(crate) struct Aio {
     queue: Mutex<Queue>,
     room: tokio::sync::Semaphore,
     next: AtomicU64,
-    /// `io_submit` calls and the iocbs they carried (for the benches).
+    /// `io_submit` calls and the iocbs they carried, `io_getevents` calls
+    /// that returned events and the events (for the benches).
     submits: AtomicU64,
     submitted: AtomicU64,
+    reaps: AtomicU64,
+    reaped: AtomicU64,
 }
 
-/// How many `io_submit` calls the process made for AF_ALG requests and how
-/// many reads they carried (their ratio is the submission batch size).
-pub fn aio_submit_counts() -> (u64, u64) {
+/// What the process's batched AIO did so far: `io_submit` calls and the
+/// reads they carried (their ratio is the submission batch), and the
+/// reaper's `io_getevents` calls that returned completions and the
+/// completions (their ratio is the completion batch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AioCounts {
+    /// `io_submit` calls.
+    pub submits: u64,
+    /// Reads they submitted.
+    pub submitted: u64,
+    /// `io_getevents` calls that returned completions.
+    pub reaps: u64,
+    /// Completions they returned.
+    pub reaped: u64,
+}
+
+/// [`AioCounts`] for the process (all zero before its first AIO request).
+pub fn aio_counts() -> AioCounts {
     match Aio::get() {
-        Some(a) => (
-            a.submits.load(Ordering::Relaxed),
-            a.submitted.load(Ordering::Relaxed),
-        ),
-        None => (0, 0),
+        Some(a) => AioCounts {
+            submits: a.submits.load(Ordering::Relaxed),
+            submitted: a.submitted.load(Ordering::Relaxed),
+            reaps: a.reaps.load(Ordering::Relaxed),
+            reaped: a.reaped.load(Ordering::Relaxed),
+        },
+        None => AioCounts::default(),
     }
 }
 
@@ -283,6 +303,8 @@ impl Aio {
                 next: AtomicU64::new(1),
                 submits: AtomicU64::new(0),
                 submitted: AtomicU64::new(0),
+                reaps: AtomicU64::new(0),
+                reaped: AtomicU64::new(0),
             }));
             std::thread::Builder::new()
                 .name("af-alg-aio".into())
@@ -475,6 +497,10 @@ impl Aio {
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 continue;
+            }
+            if n > 0 {
+                self.reaps.fetch_add(1, Ordering::Relaxed);
+                self.reaped.fetch_add(n as u64, Ordering::Relaxed);
             }
             self.complete(events[..n as usize].iter().map(|e| (e.data, e.res)));
             let now = Instant::now();

@@ -15,7 +15,7 @@ mod skcipher;
 mod socket;
 
 pub use aead::{Aead, TAG_LEN};
-pub use aio::{AIO_DEPTH, aio_submit_counts};
+pub use aio::{AIO_DEPTH, AioCounts, aio_counts};
 pub use blocking::{MAX_THREADS, RequestTimeout};
 pub use error::{Error, Failed};
 pub use hash::{Crc, CrcKind, Hash};

@@ -399,7 +399,9 @@ fn more_aio_requests_than_the_context_holds_wait_for_room() {
         .unwrap();
     let key = [0x3cu8; 16];
     // The kernel's best cbc(aes) (virtio_crypto in the virtio guest).
-    let s = Skcipher::bind(Mode::Cbc, None, &key).unwrap();
+    let s = Skcipher::bind(Mode::Cbc, None, &key)
+        .unwrap()
+        .with_mechanism(Mechanism::Aio);
     rt.block_on(s.encrypt(&[0; 16], vec![0; 16]))
         .map_err(|f| f.error)
         .unwrap();
@@ -509,8 +511,8 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Under load (eight tasks on two sessions, one on batched native AIO — the
-/// default — and one on the request threads, and `crypt_aio` on either),
+/// Under load (eight tasks on two sessions, one on batched native AIO and
+/// one on the request threads, and `crypt_aio` on either),
 /// each request is dropped at a random point — after
 /// its first poll, or at a random deadline of up to 2 ms, before or after
 /// the kernel took it — or runs to the end. Those that complete are right;
@@ -557,7 +559,9 @@ fn requests_dropped_at_random_points_lose_nothing() {
         drop(warm);
         let before = open_fds();
         let sessions = [
-            Skcipher::bind(Mode::Cbc, driver.as_deref(), &key).unwrap(),
+            Skcipher::bind(Mode::Cbc, driver.as_deref(), &key)
+                .unwrap()
+                .with_mechanism(Mechanism::Aio),
             Skcipher::bind(Mode::Cbc, driver.as_deref(), &key)
                 .unwrap()
                 .with_mechanism(Mechanism::Threads),

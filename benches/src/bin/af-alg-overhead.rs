@@ -73,8 +73,8 @@ fn main() {
         "aio ×16 µs"
     );
     for driver in &drivers {
-        // `encrypt` on the request threads (AIO, now the default, is what
-        // `crypt_aio` measures).
+        // `encrypt` on the request threads (AIO is what `crypt_aio`
+        // measures).
         let Ok(s) = Skcipher::bind(Mode::Cbc, Some(driver), &[7; 16]) else {
             continue;
         };
