@@ -56,6 +56,24 @@ pub struct AfAlgBackend {
     /// driver (`drivers` then says which it ranks first).
     generic: bool,
     limit: usize,
+    mechanism: AfAlgMechanism,
+}
+
+/// How an AF_ALG backend's cipher requests wait for the kernel (see
+/// [`AfAlgBackend::with_mechanism`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum AfAlgMechanism {
+    /// A request thread per request in flight (two thread hand-offs a
+    /// request; the default, steadier in the measurements of
+    /// `docs/benchmarks.md` §4).
+    #[default]
+    Threads,
+    /// Native AIO, batched: concurrent requests' reads go to the kernel
+    /// several per `io_submit`, and their completions wake their tasks
+    /// several per wake-up. Requests of more than one operation, or
+    /// spliced, use the request threads.
+    Aio,
 }
 
 impl AfAlgBackend {
@@ -188,7 +206,20 @@ impl AfAlgBackend {
             drivers,
             generic: false,
             limit: af::operation_limit(),
+            mechanism: AfAlgMechanism::default(),
         }
+    }
+
+    /// Chooses how cipher requests wait for the kernel (AEAD and CRC
+    /// requests always use the request threads).
+    pub fn with_mechanism(mut self, mechanism: AfAlgMechanism) -> Self {
+        self.mechanism = mechanism;
+        self
+    }
+
+    /// How cipher requests wait for the kernel.
+    pub fn mechanism(&self) -> AfAlgMechanism {
+        self.mechanism
     }
 
     /// The sysfs devices whose runtime PM the backend's power domain
@@ -444,9 +475,14 @@ impl Backend for AfAlgBackend {
         // The device up first, then the transform (whose open is the
         // driver's own runtime-PM get).
         let power = self.power_ref().await?;
+        let mechanism = match self.mechanism {
+            AfAlgMechanism::Aio => af::Mechanism::Aio,
+            AfAlgMechanism::Threads => af::Mechanism::Threads,
+        };
         let s = af::Skcipher::bind(mode_of(alg), driver, key.expose())
             .map_err(backend_error)?
-            .with_timeout(timeout());
+            .with_timeout(timeout())
+            .with_mechanism(mechanism);
         Ok(Box::new(Cipher::new(s, power)))
     }
 

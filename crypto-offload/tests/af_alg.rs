@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use crypto_offload::af_alg::AfAlgBackend;
+use crypto_offload::af_alg::{AfAlgBackend, AfAlgMechanism};
 use crypto_offload::backend::Backend;
 use crypto_offload::{Algorithm, CipherAlg, Offload, testing};
 use crypto_offload_af_alg as af;
@@ -131,15 +131,16 @@ async fn passes_the_known_answers(backend: AfAlgBackend, what: &str) {
     assert_eq!(stats.failures, 0, "{what}: requests failed over to the CPU");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixty_four_requests_in_flight_through_sessions() {
+/// The guest's engine (or, with none — the plain guest — the kernel's best
+/// CBC driver standing in), with `mechanism`; `None` where AF_ALG is
+/// missing (the host).
+fn engine(mechanism: AfAlgMechanism) -> Option<Arc<dyn Backend>> {
     let Ok(engines) = AfAlgBackend::discover() else {
         assert!(!in_guest());
-        return;
+        return None;
     };
-    let backend: Arc<dyn Backend> = match engines.into_iter().next() {
-        Some(e) => Arc::new(e),
-        // No engine (the plain guest): the kernel's best CBC driver stands in.
+    Some(match engines.into_iter().next() {
+        Some(e) => Arc::new(e.with_mechanism(mechanism)),
         None => {
             let cbc = af::proc_crypto::read()
                 .unwrap()
@@ -147,8 +148,122 @@ async fn sixty_four_requests_in_flight_through_sessions() {
                 .filter(|r| r.name == "cbc(aes)" && r.af_alg_type() == Some("skcipher"))
                 .max_by_key(|r| r.priority)
                 .expect("a cbc(aes) driver");
-            Arc::new(AfAlgBackend::with_drivers("af-alg:cpu", &[&cbc.driver]).unwrap())
+            Arc::new(
+                AfAlgBackend::with_drivers("af-alg:cpu", &[&cbc.driver])
+                    .unwrap()
+                    .with_mechanism(mechanism),
+            )
         }
+    })
+}
+
+/// A small deterministic generator (xorshift64*) for the drop points.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// Through `Offload` pinned to the engine, on each mechanism: 64 tasks,
+/// each request dropped at a random point (after its first poll, or at a
+/// random deadline of up to 3 ms, before or after the kernel took it) or
+/// run to the end. Every one that completes is right, none is replayed on
+/// the CPU, and the session still computes right afterwards (the sockets
+/// of dropped requests — the kernel's to finish — are checked in
+/// `backends/af-alg/tests/kernel.rs`, alone in a process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_through_offload_dropped_at_random_points_lose_nothing() {
+    for mechanism in [AfAlgMechanism::Aio, AfAlgMechanism::Threads] {
+        let Some(backend) = engine(mechanism) else {
+            return;
+        };
+        let name = backend.name().to_owned();
+        let offload = Offload::builder()
+            .backend(backend)
+            .pin(name.clone())
+            .build()
+            .unwrap();
+        let key = [0x42u8; 16];
+        let s = Arc::new(offload.cipher(CipherAlg::Aes128Cbc, &key).await.unwrap());
+        let tasks: Vec<_> = (0..64u64)
+            .map(|t| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let mut rng = 0x9e37_79b9_7f4a_7c15 ^ (t + 1);
+                    let (mut completed, mut dropped) = (0u32, 0u32);
+                    for i in 0..16u64 {
+                        let len = 16 * (1 + next(&mut rng) as usize % 128);
+                        let plain: Vec<u8> = (0..len).map(|j| (j as u64 ^ i ^ t) as u8).collect();
+                        let iv = [(i ^ t) as u8; 16];
+                        let mut want = plain.clone();
+                        crypto_offload_fallback::Cbc::new(&key)
+                            .unwrap()
+                            .encrypt(&iv, &mut want)
+                            .unwrap();
+                        match next(&mut rng) % 3 {
+                            0 => {
+                                let f = s.encrypt(&iv, plain);
+                                let mut f = std::pin::pin!(f);
+                                let waker = std::task::Waker::noop();
+                                let _ = std::future::Future::poll(
+                                    f.as_mut(),
+                                    &mut std::task::Context::from_waker(waker),
+                                );
+                                dropped += 1;
+                            }
+                            1 => {
+                                let wait = std::time::Duration::from_micros(next(&mut rng) % 3000);
+                                match tokio::time::timeout(wait, s.encrypt(&iv, plain)).await {
+                                    Err(_) => dropped += 1,
+                                    Ok(got) => {
+                                        assert!(got.unwrap() == want, "{mechanism:?} {t}/{i}");
+                                        completed += 1;
+                                    }
+                                }
+                            }
+                            _ => {
+                                let got = s.encrypt(&iv, plain).await.unwrap();
+                                assert!(got == want, "{mechanism:?} {t}/{i}");
+                                completed += 1;
+                            }
+                        }
+                    }
+                    (completed, dropped)
+                })
+            })
+            .collect();
+        let (mut completed, mut dropped) = (0, 0);
+        for t in tasks {
+            let (c, d) = t.await.unwrap();
+            completed += c;
+            dropped += d;
+        }
+        eprintln!("{name} {mechanism:?}: {completed} completed, {dropped} dropped");
+        assert!(completed > 0 && dropped > 0);
+        let mut want = vec![5u8; 2048];
+        crypto_offload_fallback::Cbc::new(&key)
+            .unwrap()
+            .encrypt(&[6; 16], &mut want)
+            .unwrap();
+        assert!(s.encrypt(&[6; 16], vec![5u8; 2048]).await.unwrap() == want);
+        let stats = offload
+            .backends()
+            .into_iter()
+            .find(|b| b.name == name)
+            .unwrap()
+            .stats;
+        assert_eq!(
+            stats.failures, 0,
+            "{name} {mechanism:?}: replayed on the CPU"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_requests_in_flight_through_sessions() {
+    let Some(backend) = engine(AfAlgMechanism::default()) else {
+        return;
     };
     let name = backend.name().to_owned();
     let offload = Offload::builder()

@@ -38,9 +38,10 @@ pub const DEFAULT_BINARY: &str = "offload-cli:offload";
 /// The extra binaries included by default: `offload`, the AF_ALG
 /// mechanism's overhead measurement, the VFIO measurements, and the
 /// example servers with their load generators.
-pub const DEFAULT_BINARIES: [&str; 8] = [
+pub const DEFAULT_BINARIES: [&str; 9] = [
     DEFAULT_BINARY,
     "crypto-offload-benches:af-alg-overhead",
+    "crypto-offload-benches:af-alg-vs-kcapi",
     "crypto-offload-benches:vfio-spread",
     "crypto-offload-benches:vfio-vs-dpdk",
     "crypto-offload-examples:block-server",

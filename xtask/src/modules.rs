@@ -69,10 +69,17 @@ pub const VFIO_MODULES: &[&str] = &[
     "vfio-pci",
 ];
 
+/// The modules only the virtio run loads, after [`GUEST_MODULES`]:
+/// `crypto_user` (NETLINK_CRYPTO), which libkcapi asks for a cipher's
+/// block and IV sizes before it opens a handle — the `kcapi-peer` the
+/// `af-alg-vs-kcapi` step runs fails without it.
+pub const VIRTIO_MODULES: &[&str] = &["crypto_user"];
+
 /// The modules `run` loads after [`GUEST_MODULES`].
 pub fn run_modules(run: RunKind) -> &'static [&'static str] {
     match run {
-        RunKind::Plain | RunKind::Virtio => &[],
+        RunKind::Plain => &[],
+        RunKind::Virtio => VIRTIO_MODULES,
         RunKind::Vfio => VFIO_MODULES,
     }
 }
@@ -432,8 +439,15 @@ kernel/virt/lib/irqbypass.ko:
             plan.order.iter().any(|p| name_of(p) == "af_alg"),
             "{plan:?}"
         );
+        // The virtio run's own: crypto_user, for libkcapi's peer.
+        let (run, virtio) = &guest.runs[0];
+        assert_eq!(*run, RunKind::Virtio);
+        assert!(
+            virtio.order.iter().any(|p| name_of(p) == "crypto_user"),
+            "{virtio:?}"
+        );
         // The vfio run's own modules: dependencies first, none of the common ones.
-        let (run, vfio) = &guest.runs[0];
+        let (run, vfio) = &guest.runs[1];
         assert_eq!(*run, RunKind::Vfio);
         let names: Vec<String> = vfio.order.iter().map(|p| name_of(p)).collect();
         let at = |name: &str| names.iter().position(|n| n == name);

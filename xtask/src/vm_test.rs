@@ -59,7 +59,7 @@ pub struct VmTestArgs {
     pub packages: Vec<String>,
     /// Extra binary built --release into the guest's /bin (repeatable)
     /// [default: offload-cli:offload, crypto-offload-benches:af-alg-overhead,
-    /// vfio-spread and vfio-vs-dpdk, and crypto-offload-examples:block-server,
+    /// af-alg-vs-kcapi, vfio-spread and vfio-vs-dpdk, and crypto-offload-examples:block-server,
     /// block-load, record-server and record-load].
     #[arg(long = "bin-package", value_name = "P:BIN", default_values = guest_binaries::DEFAULT_BINARIES)]
     pub bin_packages: Vec<BinSpec>,

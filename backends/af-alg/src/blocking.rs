@@ -84,7 +84,7 @@ macro_rules! bound_accessors {
 pub(crate) use bound_accessors;
 
 /// Idle operation sockets kept per transform; more are closed when done.
-const IDLE_OPS: usize = 64;
+const IDLE_OPS: usize = 128;
 
 /// The most request threads at once (requests beyond wait in a queue).
 pub const MAX_THREADS: usize = 256;
@@ -111,7 +111,7 @@ pub struct RequestTimeout {
 impl RequestTimeout {
     /// The time a `len`-byte request may take (saturating: `Duration::MAX`
     /// means no limit).
-    fn for_len(self, len: usize) -> Duration {
+    pub(crate) fn for_len(self, len: usize) -> Duration {
         let mib = len as f64 / f64::from(1u32 << 20);
         let more =
             Duration::try_from_secs_f64(self.per_mib.as_secs_f64() * mib).unwrap_or(Duration::MAX);

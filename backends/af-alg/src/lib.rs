@@ -15,9 +15,10 @@ mod skcipher;
 mod socket;
 
 pub use aead::{Aead, TAG_LEN};
+pub use aio::{AIO_DEPTH, AioCounts, aio_counts};
 pub use blocking::{MAX_THREADS, RequestTimeout};
 pub use error::{Error, Failed};
 pub use hash::{Crc, CrcKind, Hash};
 pub use power::RuntimePm;
 pub use probe::{RESTRICT_SYSCTL, operation_limit, probe, restrict_level, unavailable_reason};
-pub use skcipher::{Mode, Skcipher};
+pub use skcipher::{Mechanism, Mode, Skcipher};

@@ -73,6 +73,26 @@ impl Mode {
     }
 }
 
+/// How a transform's requests wait for the kernel without blocking an
+/// async worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Mechanism {
+    /// A request thread runs each request's `sendmsg` and `read`, the
+    /// task waiting on a channel: two thread hand-offs a request (the
+    /// default: measured steadier, see the crate's README).
+    #[default]
+    Threads,
+    /// Native AIO, batched: the operation is sent from the calling task and
+    /// its read submitted with `io_submit` together with the reads other
+    /// requests queued meanwhile; a reaper thread wakes the tasks whose
+    /// reads completed, many per wake-up. Requests of one operation that
+    /// are not spliced (below [`Skcipher::with_splice_from`]'s threshold)
+    /// go this way; the others, and every request where the kernel has no
+    /// native AIO, go to the request threads.
+    Aio,
+}
+
 /// A keyed AES transform: many requests may be in flight at once, each on
 /// its own operation socket.
 #[derive(Debug, Clone)]
@@ -80,6 +100,7 @@ pub struct Skcipher {
     shared: Arc<Shared>,
     timeout: Option<RequestTimeout>,
     mode: Mode,
+    mechanism: Mechanism,
 }
 
 impl Skcipher {
@@ -109,10 +130,23 @@ impl Skcipher {
             shared: Shared::new(tfm),
             timeout: None,
             mode,
+            mechanism: Mechanism::default(),
         })
     }
 
     blocking::bound_accessors!();
+
+    /// Chooses how requests wait for the kernel (for this handle and the
+    /// clones made from it after).
+    pub fn with_mechanism(mut self, mechanism: Mechanism) -> Self {
+        self.mechanism = mechanism;
+        self
+    }
+
+    /// How requests wait for the kernel.
+    pub fn mechanism(&self) -> Mechanism {
+        self.mechanism
+    }
 
     /// The mode.
     pub fn mode(&self) -> Mode {
@@ -126,8 +160,9 @@ impl Skcipher {
     /// failed system call; the buffer comes back unchanged with the error.
     ///
     /// # Cancel safety
-    /// Dropping the future does not stop the request: it completes on its
-    /// thread, which owns `buf` until then and then frees it.
+    /// Dropping the future does not stop a request the kernel has: it
+    /// completes there, its buffers owned by the request thread or the AIO
+    /// context's table until then, and then wiped and freed.
     pub async fn encrypt(&self, iv: &[u8], buf: Vec<u8>) -> Result<Vec<u8>, Failed> {
         self.crypt(true, iv, buf).await
     }
@@ -197,19 +232,18 @@ impl Skcipher {
         .map(|(buf, ())| buf)
     }
 
-    /// Encrypts or decrypts `buf` with native AIO (`io_submit`) instead of
-    /// a request thread: the operation is sent from the calling thread and
-    /// its read completes from the kernel. For measuring the two mechanisms
-    /// (`af-alg-overhead`); one operation only (a request longer than one is
-    /// [`Error::TooLarge`]), no timeout.
+    /// Encrypts or decrypts `buf` with native AIO (`io_submit`, batched
+    /// with other requests' reads) whatever the transform's
+    /// [`Mechanism`]: one operation only (a request longer than one is
+    /// [`Error::TooLarge`]), always copied into the socket.
     ///
     /// # Errors
-    /// As for [`Skcipher::encrypt`]; [`Error::Unavailable`]-free: a kernel
-    /// without AIO gives `io_submit`'s errno.
+    /// As for [`Skcipher::encrypt`]; a kernel without AIO gives
+    /// `io_setup`'s error.
     ///
     /// # Cancel safety
     /// Dropping the future leaves the read with the kernel; its buffer and
-    /// socket are freed when it completes.
+    /// socket are wiped and freed when it completes.
     pub async fn crypt_aio(
         &self,
         encrypt: bool,
@@ -230,17 +264,49 @@ impl Skcipher {
             };
             return Err(Failed { error, buf });
         };
+        match self.run_aio(aio, encrypt, iv, buf).await {
+            Ok(out) => Ok(out),
+            Err(Aio::TooLarge(buf, op)) => {
+                let max = op.limit();
+                self.shared.give_back(op);
+                let error = Error::TooLarge {
+                    len: buf.len(),
+                    max,
+                };
+                Err(Failed { error, buf })
+            }
+            Err(Aio::Failed(f)) => Err(f),
+        }
+    }
+
+    /// One request through [`crate::aio`]: room in the context, an
+    /// operation socket, the operation sent (copied), the read submitted.
+    ///
+    /// # Cancel safety
+    /// Before the submit nothing is in the kernel (a socket taken and not
+    /// used is closed with the future); after it, the read's buffer and
+    /// socket stay in the context's table until it completes.
+    async fn run_aio(
+        &self,
+        aio: &'static crate::aio::Aio,
+        encrypt: bool,
+        iv: [u8; 16],
+        buf: Vec<u8>,
+    ) -> Result<Vec<u8>, Aio> {
+        if self.timeout.is_some()
+            && self.shared.stuck.load(std::sync::atomic::Ordering::Acquire) >= blocking::MAX_STUCK
+        {
+            // The engine has not returned the last ones: do not send it more.
+            let error = Error::Timeout(std::time::Duration::ZERO);
+            return Err(Aio::Failed(Failed { error, buf }));
+        }
+        let room = aio.room().await;
         let op = match self.shared.take() {
             Ok(op) => op,
-            Err(error) => return Err(Failed { error, buf }),
+            Err(error) => return Err(Aio::Failed(Failed { error, buf })),
         };
         if buf.len() > op.limit() {
-            let error = Error::TooLarge {
-                len: buf.len(),
-                max: op.limit(),
-            };
-            self.shared.give_back(op);
-            return Err(Failed { error, buf });
+            return Err(Aio::TooLarge(buf, op));
         }
         // Copied, never spliced: a dropped future frees `buf` while the
         // read may still run, and spliced pages would be read from it.
@@ -253,17 +319,25 @@ impl Skcipher {
             &[IoSlice::new(&buf)],
         );
         if let Err(error) = sent {
-            return Err(Failed { error, buf });
+            // The socket may hold part of the operation: closed, not reused.
+            return Err(Aio::Failed(Failed { error, buf }));
         }
-        let rx = match aio.submit(op, vec![0u8; buf.len()]) {
-            Ok(rx) => rx,
-            Err(error) => return Err(Failed { error, buf }),
-        };
-        let Ok((out, op, res)) = rx.await else {
-            return Err(Failed {
-                error: Error::Worker,
-                buf,
-            });
+        let limit = self.timeout.map(|t| t.for_len(buf.len()));
+        let deadline = limit.and_then(|l| std::time::Instant::now().checked_add(l));
+        let ticket = aio.submit(
+            room,
+            op,
+            vec![0u8; buf.len()],
+            deadline,
+            self.shared.stuck.clone(),
+        );
+        let (mut out, op, res) = match ticket.await {
+            crate::aio::Outcome::Done(c) => c,
+            crate::aio::Outcome::TimedOut => {
+                // The kernel keeps its own buffer; the caller's is untouched.
+                let error = Error::Timeout(limit.unwrap_or_default());
+                return Err(Aio::Failed(Failed { error, buf }));
+            }
         };
         if res == buf.len() as i64 {
             self.shared.give_back(op);
@@ -271,6 +345,7 @@ impl Skcipher {
             buf.zeroize();
             return Ok(out);
         }
+        out.zeroize();
         let error = if res < 0 {
             Error::sys("read", "", nix::errno::Errno::from_raw(-res as i32))
         } else {
@@ -279,7 +354,7 @@ impl Skcipher {
                 source: std::io::Error::other(format!("read {res} of {} bytes", buf.len())),
             }
         };
-        Err(Failed { error, buf })
+        Err(Aio::Failed(Failed { error, buf }))
     }
 
     /// Encrypts or decrypts `data` in place on the calling thread (which
@@ -311,6 +386,24 @@ impl Skcipher {
         if buf.is_empty() {
             return Ok(buf);
         }
+        let aio = match self.mechanism {
+            Mechanism::Aio if self.splice_from().is_none_or(|s| buf.len() < s) => {
+                crate::aio::Aio::get()
+            }
+            _ => None,
+        };
+        let buf = match aio {
+            None => buf,
+            Some(aio) => match self.run_aio(aio, encrypt, iv, buf).await {
+                Ok(out) => return Ok(out),
+                Err(Aio::Failed(f)) => return Err(f),
+                // More than one operation: the request threads chain them.
+                Err(Aio::TooLarge(buf, op)) => {
+                    self.shared.give_back(op);
+                    buf
+                }
+            },
+        };
         let (shared, mode) = (self.shared.clone(), self.mode);
         let span = tracing::trace_span!(
             "af_alg.skcipher",
@@ -343,6 +436,14 @@ impl Skcipher {
         block[..iv.len()].copy_from_slice(iv);
         Ok(block)
     }
+}
+
+/// Why a request did not go through AIO.
+enum Aio {
+    /// It takes more than one operation: the buffer, untouched, and the
+    /// socket, unused.
+    TooLarge(Vec<u8>, Op),
+    Failed(Failed),
 }
 
 /// One request, split into operations of at most the socket's limit where

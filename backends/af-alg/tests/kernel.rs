@@ -10,7 +10,8 @@
 //! run.
 
 use crypto_offload_af_alg::{
-    Aead, Crc, CrcKind, Error, Mode, Skcipher, proc_crypto, unavailable_reason,
+    AIO_DEPTH, Aead, Crc, CrcKind, Error, Mechanism, Mode, Skcipher, proc_crypto,
+    unavailable_reason,
 };
 use crypto_offload_fallback as fb;
 use proptest::prelude::*;
@@ -138,6 +139,7 @@ proptest! {
         split in 0usize..150_000,
         fill in any::<u8>(),
         splice in any::<bool>(),
+        threads in any::<bool>(),
     ) {
         if !af_alg() { return Ok(()); }
         let key_len = mode.key_lens()[key_pick % mode.key_lens().len()];
@@ -149,7 +151,11 @@ proptest! {
         let rt = rt();
         for driver in bindings(mode.generic_name(), "skcipher") {
             let s = match Skcipher::bind(mode, driver.as_deref(), &key) {
-                Ok(s) => s.with_splice_from(splice.then_some(0)),
+                Ok(s) => s.with_splice_from(splice.then_some(0)).with_mechanism(if threads {
+                    Mechanism::Threads
+                } else {
+                    Mechanism::Aio
+                }),
                 // A driver that does not take this key size (virtio-crypto
                 // devices may not) is no failure of the binding.
                 Err(Error::InvalidParameter { .. }) if driver.is_some() => continue,
@@ -365,6 +371,85 @@ fn large_requests_split_and_chain_or_say_too_large() {
     assert!(f.buf == plain);
 }
 
+/// More requests at once than the AIO context holds (`AIO_DEPTH`) on the
+/// AIO path: the ones beyond wait for room instead of failing; some are
+/// dropped while they wait or while the kernel has them, at random; every
+/// one that completes is right, and the sockets all come back. Alone in a
+/// child process, for the descriptor count (as the test above).
+#[test]
+fn more_aio_requests_than_the_context_holds_wait_for_room() {
+    if !af_alg() {
+        return;
+    }
+    const ALONE: &str = "AF_ALG_TEST_ALONE";
+    let name = "more_aio_requests_than_the_context_holds_wait_for_room";
+    if std::env::var_os(ALONE).is_none() {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(ALONE, "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "{name} failed alone: {status}");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let key = [0x3cu8; 16];
+    // The kernel's best cbc(aes) (virtio_crypto in the virtio guest).
+    let s = Skcipher::bind(Mode::Cbc, None, &key)
+        .unwrap()
+        .with_mechanism(Mechanism::Aio);
+    rt.block_on(s.encrypt(&[0; 16], vec![0; 16]))
+        .map_err(|f| f.error)
+        .unwrap();
+    let before = open_fds();
+    let n = 2 * AIO_DEPTH + 37;
+    let (completed, dropped) = rt.block_on(async {
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let mut rng = 0x2545_f491_4f6c_dd1d ^ (i as u64 + 1);
+                    let plain = vec![i as u8; 16 * (1 + next(&mut rng) as usize % 16)];
+                    let iv = [(i >> 3) as u8; 16];
+                    let mut want = plain.clone();
+                    fb::Cbc::new(&key).unwrap().encrypt(&iv, &mut want).unwrap();
+                    if i % 3 == 0 {
+                        let wait = std::time::Duration::from_micros(next(&mut rng) % 20_000);
+                        match tokio::time::timeout(wait, s.encrypt(&iv, plain)).await {
+                            Err(_) => return (0, 1),
+                            Ok(got) => assert!(got.map_err(|f| f.error).unwrap() == want),
+                        }
+                    } else {
+                        let got = s.encrypt(&iv, plain).await.map_err(|f| f.error).unwrap();
+                        assert!(got == want, "request {i}");
+                    }
+                    (1, 0)
+                })
+            })
+            .collect();
+        let (mut completed, mut dropped) = (0, 0);
+        for t in tasks {
+            let (c, d) = t.await.unwrap();
+            completed += c;
+            dropped += d;
+        }
+        (completed, dropped)
+    });
+    eprintln!("{completed} completed, {dropped} dropped of {n}");
+    assert_eq!(completed + dropped, n);
+    assert!(completed > AIO_DEPTH);
+    drop(s);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while open_fds() > before && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(open_fds() <= before, "sockets leaked");
+}
+
 #[test]
 fn many_requests_in_flight_on_one_session_and_across_sessions() {
     if !af_alg() {
@@ -426,8 +511,9 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Under load (eight tasks on two sessions, on the request threads and
-/// through native AIO), each request is dropped at a random point — after
+/// Under load (eight tasks on two sessions, one on batched native AIO and
+/// one on the request threads, and `crypt_aio` on either),
+/// each request is dropped at a random point — after
 /// its first poll, or at a random deadline of up to 2 ms, before or after
 /// the kernel took it — or runs to the end. Those that complete are right;
 /// the dropped ones finish in the kernel and free their sockets (the open
@@ -473,8 +559,12 @@ fn requests_dropped_at_random_points_lose_nothing() {
         drop(warm);
         let before = open_fds();
         let sessions = [
-            Skcipher::bind(Mode::Cbc, driver.as_deref(), &key).unwrap(),
-            Skcipher::bind(Mode::Cbc, driver.as_deref(), &key).unwrap(),
+            Skcipher::bind(Mode::Cbc, driver.as_deref(), &key)
+                .unwrap()
+                .with_mechanism(Mechanism::Aio),
+            Skcipher::bind(Mode::Cbc, driver.as_deref(), &key)
+                .unwrap()
+                .with_mechanism(Mechanism::Threads),
         ];
         let (completed, dropped) = rt.block_on(async {
             let tasks: Vec<_> = (0..8u64)
