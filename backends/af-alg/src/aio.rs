@@ -224,6 +224,17 @@ impl Drop for Ticket {
 /// Room for one request in the context, taken before its operation is sent.
 pub(crate) struct Room(tokio::sync::SemaphorePermit<'static>);
 
+/// The submitter's claim on the queue (`busy`): released if its loop
+/// unwinds (a normal end clears `busy` under the lock itself and forgets
+/// this).
+struct Submitting<'a>(&'a Mutex<Queue>);
+
+impl Drop for Submitting<'_> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).busy = false;
+    }
+}
+
 /// The submission queue: iocbs sent but not yet submitted, and whether a
 /// request is submitting them.
 #[derive(Default)]
@@ -377,10 +388,13 @@ impl Aio {
             q.busy = true;
             let mut batch = std::mem::take(&mut q.iocbs);
             drop(q);
+            // Cleared however this ends: a panic in the loop must not leave
+            // every later read queued behind a submitter that is gone.
+            let submitting = Submitting(&self.queue);
             // Not under the lock during io_submit: others queue meanwhile
             // (for a synchronous driver the operations run inside it).
             loop {
-                self.submit_batch(&batch);
+                self.submit_batch(&mut batch);
                 batch.clear();
                 let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
                 if q.iocbs.is_empty() {
@@ -391,19 +405,22 @@ impl Aio {
                 }
                 std::mem::swap(&mut q.iocbs, &mut batch);
             }
+            std::mem::forget(submitting);
         }
         Ticket { req }
     }
 
     /// Submits `batch` in as few calls as the kernel takes it; an iocb the
     /// kernel refuses completes at once with the errno.
-    fn submit_batch(&self, batch: &[Iocb]) {
-        let mut ptrs: Vec<*const Iocb> = batch.iter().map(|i| i as *const Iocb).collect();
+    fn submit_batch(&self, batch: &mut [Iocb]) {
+        // Mutable: the kernel writes each iocb's `aio_key` as it takes it.
+        let mut ptrs: Vec<*mut Iocb> = batch.iter_mut().map(|i| i as *mut Iocb).collect();
         let mut done = 0;
         while done < ptrs.len() {
-            // SAFETY: `ptrs[done..]` are valid pointers to initialised iocbs
-            // in `batch`, alive across the call; the kernel copies each
-            // iocb during it. The buffers and sockets they name are held in
+            // SAFETY: `ptrs[done..]` are valid, exclusive pointers to
+            // initialised iocbs in `batch` (borrowed mutably), alive across
+            // the call; the kernel reads each iocb and writes its `aio_key`
+            // during it, and keeps no pointer to it after. The buffers and sockets they name are held in
             // the pending table until their completions are reaped (or, for
             // an iocb not submitted, until `refuse` removes them below).
             let r = unsafe {

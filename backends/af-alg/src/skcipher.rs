@@ -90,6 +90,17 @@ pub enum Mechanism {
     /// are not spliced (below [`Skcipher::with_splice_from`]'s threshold)
     /// go this way; the others, and every request where the kernel has no
     /// native AIO, go to the request threads.
+    ///
+    /// Opt-in, with limits a review found and no test covers yet: the
+    /// kernel's AIO reads are not backlogged, so an engine whose own queue
+    /// is full (crypto_engine's 10, a full CAAM or QAT ring) fails them
+    /// with `ENOSPC`/`EBUSY` where a thread would wait; the submitting
+    /// request keeps submitting while others queue reads (on a synchronous
+    /// driver their work runs on its thread); a refused `io_submit`
+    /// (seccomp, a forked child) fails the request instead of falling back
+    /// to the threads; idle sockets kept per transform can exhaust the
+    /// descriptor limit with many busy sessions; deadlines are checked
+    /// every 100 ms.
     Aio,
 }
 
@@ -300,7 +311,21 @@ impl Skcipher {
             let error = Error::Timeout(std::time::Duration::ZERO);
             return Err(Aio::Failed(Failed { error, buf }));
         }
-        let room = aio.room().await;
+        // The deadline runs from here: a request waiting for room behind
+        // requests a hung engine holds times out like one in the engine
+        // (and is replayed elsewhere), instead of waiting for ever.
+        let limit = self.timeout.map(|t| t.for_len(buf.len()));
+        let deadline = limit.and_then(|l| std::time::Instant::now().checked_add(l));
+        let room = match limit {
+            None => aio.room().await,
+            Some(l) => match tokio::time::timeout(l, aio.room()).await {
+                Ok(room) => room,
+                Err(_) => {
+                    let error = Error::Timeout(l);
+                    return Err(Aio::Failed(Failed { error, buf }));
+                }
+            },
+        };
         let op = match self.shared.take() {
             Ok(op) => op,
             Err(error) => return Err(Aio::Failed(Failed { error, buf })),
@@ -322,8 +347,6 @@ impl Skcipher {
             // The socket may hold part of the operation: closed, not reused.
             return Err(Aio::Failed(Failed { error, buf }));
         }
-        let limit = self.timeout.map(|t| t.for_len(buf.len()));
-        let deadline = limit.and_then(|l| std::time::Instant::now().checked_add(l));
         let ticket = aio.submit(
             room,
             op,
