@@ -229,14 +229,7 @@ fn a_device_reset_mid_burst_completes_every_request_on_the_cpu() {
         // device ~0.1 s in all, and on a loaded host one coarse sample had
         // come after they had all completed (CI of cdf4fc9 with other
         // builds running: "0 in the device").
-        let start = std::time::Instant::now();
-        let (loaded, in_flight) = loop {
-            let in_flight = device.in_flight();
-            if in_flight >= 16 || start.elapsed().as_secs() >= 10 {
-                break (in_flight >= 16, in_flight);
-            }
-            tokio::task::yield_now().await;
-        };
+        let (loaded, in_flight) = loaded_with(&device, 16).await;
         // The driver's own handle: resetting a device is no backend's API.
         device.driver_device().reset().unwrap();
         assert!(loaded, "fewer than 16 requests in the device at the reset: {in_flight}");
@@ -363,14 +356,7 @@ fn device_ready_buffers_through_offload_match_the_cpu_and_survive_a_reset() {
                 )
             })
         }));
-        let start = std::time::Instant::now();
-        let (loaded, in_flight) = loop {
-            let in_flight = device.in_flight();
-            if in_flight >= 16 || start.elapsed().as_secs() >= 10 {
-                break (in_flight >= 16, in_flight);
-            }
-            tokio::task::yield_now().await;
-        };
+        let (loaded, in_flight) = loaded_with(&device, 16).await;
         device.driver_device().reset().unwrap();
         assert!(
             loaded,
@@ -400,6 +386,19 @@ fn device_ready_buffers_through_offload_match_the_cpu_and_survive_a_reset() {
         );
         assert!(info.stats.failures > 0, "the reset failed no request");
     });
+}
+
+/// Waits (up to 10 s, sampling between yields) until `device` holds `n`
+/// requests: whether it did, and how many it held.
+async fn loaded_with(device: &VfioBackend, n: usize) -> (bool, usize) {
+    let start = std::time::Instant::now();
+    loop {
+        let in_flight = device.in_flight();
+        if in_flight >= n || start.elapsed().as_secs() >= 10 {
+            return (in_flight >= n, in_flight);
+        }
+        tokio::task::yield_now().await;
+    }
 }
 
 /// Asks the host (the xtask) to run a QMP command, by a line on the
