@@ -478,18 +478,31 @@ mod tests {
         );
         // With MAX_STUCK requests hung, the next fails at once, untouched.
         stuck.store(MAX_STUCK, Ordering::Release);
-        let started = std::time::Instant::now();
-        let f = futures::executor::block_on(run(&stuck, vec![3u8; 5], Some(timeout), |_| Ok(())))
-            .unwrap_err();
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let job_ran = ran.clone();
+        let f = futures::executor::block_on(run(&stuck, vec![3u8; 5], Some(timeout), move |_| {
+            job_ran.store(true, Ordering::Release);
+            Ok(())
+        }))
+        .unwrap_err();
         assert!(matches!(f.error, Error::Timeout(_)) && f.buf == vec![3u8; 5]);
-        assert!(started.elapsed() < Duration::from_millis(40));
+        assert!(!ran.load(Ordering::Acquire), "refused before it ran");
         stuck.store(1, Ordering::Release);
         // When the hung request returns, it is no longer counted.
-        std::thread::sleep(Duration::from_millis(500));
+        let waited = std::time::Instant::now();
+        while stuck.load(Ordering::Acquire) != 0 && waited.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         assert_eq!(stuck.load(Ordering::Acquire), 0);
-        // A request that finishes in time is not disturbed by its deadline.
+        // A request that finishes in time is not disturbed by its deadline
+        // (a generous one: a loaded TCG guest can take 50 ms to start a
+        // thread, which is what failed CI once).
+        let roomy = RequestTimeout {
+            fixed: Duration::from_secs(30),
+            per_mib: Duration::ZERO,
+        };
         let (buf, ()) = rt()
-            .block_on(run(&stuck, vec![1u8; 10], Some(timeout), |b| {
+            .block_on(run(&stuck, vec![1u8; 10], Some(roomy), |b| {
                 b[0] = 2;
                 Ok(())
             }))
