@@ -206,7 +206,7 @@ impl Harness {
         let (q, host) = (self.queue.clone(), self.host.clone());
         let fut: Enqueue = Box::pin(async move {
             let ticket = q
-                .enqueue_one(&*host, &mut Some(buf), chain, table, None)
+                .enqueue_one(&*host, &mut Some(buf), chain, table, None, None)
                 .await?;
             Ok(Submitted::One(ticket.rehome(q.clone())))
         });

@@ -78,12 +78,63 @@ impl Rescue {
     }
 }
 
+/// When a request is given up: its session's timeout, kept by the queue
+/// with the request (not a timer a request: the completion task wakes for
+/// the earliest, [`Queue::expire`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    pub(crate) at: tokio::time::Instant,
+    /// The timeout it came from, for the caller's [`Error::Timeout`].
+    pub(crate) limit: std::time::Duration,
+}
+
+impl Deadline {
+    /// `limit` from now.
+    pub(crate) fn after(limit: std::time::Duration) -> Deadline {
+        let now = tokio::time::Instant::now();
+        Deadline {
+            // Saturating: "no limit" is far enough.
+            at: now
+                .checked_add(limit)
+                .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400 * 365 * 30)),
+            limit,
+        }
+    }
+
+    /// Runs `f` within the deadline, with no timer unless `f` has to wait:
+    /// the usual submission finds room and memory at once, and a tokio
+    /// timer set up and torn down for it would cost more than the rest of
+    /// the request (0.7–1 µs a request on the host).
+    pub(crate) async fn bound<T>(
+        deadline: Option<Deadline>,
+        f: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let mut f = std::pin::pin!(f);
+        let Some(d) = deadline else {
+            return f.await;
+        };
+        let first = std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await;
+        if let Poll::Ready(r) = first {
+            return r;
+        }
+        tokio::time::timeout_at(d.at, f)
+            .await
+            .unwrap_or(Err(Error::Timeout(d.limit)))
+    }
+}
+
 /// Where a single request's completion waits for its caller.
 #[derive(Debug)]
 enum TicketState {
     Free,
-    /// In the device; the caller's waker once it sleeps.
-    Waiting(Option<Waker>),
+    /// In the device; the caller's waker once it sleeps; when it is given
+    /// up, and whether that time has come (the caller then gets
+    /// [`TicketPoll::Expired`]; a completion still wins until it looks).
+    Waiting {
+        waker: Option<Waker>,
+        deadline: Option<Deadline>,
+        expired: bool,
+    },
     /// Completed: the request's memory and the length the device wrote.
     Done(DmaBuf, u32),
     /// The device failed with it (and the bytes it asked to have
@@ -116,21 +167,56 @@ pub(crate) enum TicketPoll {
     Lead,
     /// Not yet; the caller's waker is registered.
     Asleep,
+    /// Not yet, and its deadline passed (the timeout it came from): the
+    /// caller gives up on it (dropping the ticket abandons it).
+    Expired(std::time::Duration),
 }
 
 impl Tickets {
     /// A slot for a request being submitted.
-    fn open(&mut self) -> u32 {
+    fn open(&mut self, deadline: Option<Deadline>) -> u32 {
+        let waiting = TicketState::Waiting {
+            waker: None,
+            deadline,
+            expired: false,
+        };
         match self.free.pop() {
             Some(id) => {
-                self.slots[id as usize] = TicketState::Waiting(None);
+                self.slots[id as usize] = waiting;
                 id
             }
             None => {
-                self.slots.push(TicketState::Waiting(None));
+                self.slots.push(waiting);
                 (self.slots.len() - 1) as u32
             }
         }
+    }
+
+    /// Marks the waiting tickets whose deadline is `now` or past as
+    /// expired, their callers' wakers into `wake`; the earliest deadline
+    /// still to come.
+    fn expire(
+        &mut self,
+        now: tokio::time::Instant,
+        wake: &mut Vec<Waker>,
+    ) -> Option<tokio::time::Instant> {
+        let mut next: Option<tokio::time::Instant> = None;
+        for slot in &mut self.slots {
+            if let TicketState::Waiting {
+                waker,
+                deadline: Some(d),
+                expired: expired @ false,
+            } = slot
+            {
+                if d.at <= now {
+                    *expired = true;
+                    wake.extend(waker.take());
+                } else {
+                    next = Some(next.map_or(d.at, |n| n.min(d.at)));
+                }
+            }
+        }
+        next
     }
 
     fn release(&mut self, id: u32) {
@@ -145,7 +231,7 @@ impl Tickets {
             return false;
         };
         match std::mem::replace(slot, TicketState::Done(buf, len)) {
-            TicketState::Waiting(waker) => {
+            TicketState::Waiting { waker, .. } => {
                 wake.extend(waker);
                 true
             }
@@ -162,7 +248,7 @@ impl Tickets {
             return;
         };
         match std::mem::replace(slot, TicketState::Failed(rescued)) {
-            TicketState::Waiting(waker) => wake.extend(waker),
+            TicketState::Waiting { waker, .. } => wake.extend(waker),
             _ => self.release(id),
         }
     }
@@ -174,7 +260,7 @@ impl Tickets {
             return;
         };
         match slot {
-            TicketState::Waiting(_) => *slot = TicketState::Abandoned,
+            TicketState::Waiting { .. } => *slot = TicketState::Abandoned,
             TicketState::Done(..) | TicketState::Failed(_) => self.release(id),
             TicketState::Free | TicketState::Abandoned => {}
         }
@@ -200,11 +286,15 @@ impl Tickets {
         Some(result)
     }
 
-    /// Whether `id` has its result.
+    /// Whether `id` has its result (or is past its deadline).
     fn settled(&self, id: u32) -> bool {
         matches!(
             self.slots.get(id as usize),
-            Some(TicketState::Done(..) | TicketState::Failed(_)) | None
+            Some(
+                TicketState::Done(..)
+                    | TicketState::Failed(_)
+                    | TicketState::Waiting { expired: true, .. }
+            ) | None
         )
     }
 
@@ -212,7 +302,11 @@ impl Tickets {
     /// polling the ring.
     fn sleeper(&self) -> Option<Waker> {
         self.slots.iter().find_map(|s| match s {
-            TicketState::Waiting(Some(w)) => Some(w.clone()),
+            TicketState::Waiting {
+                waker: Some(w),
+                expired: false,
+                ..
+            } => Some(w.clone()),
             _ => None,
         })
     }
@@ -270,7 +364,7 @@ impl<Q: Deref<Target = Queue>> Ticket<Q> {
         let state = self.q.lock();
         match state.tickets.slots.get(self.id as usize)? {
             TicketState::Failed(copy) => copy.clone(),
-            TicketState::Waiting(_) => state.pending_rescue(self.id),
+            TicketState::Waiting { .. } => state.pending_rescue(self.id),
             // Completed: the caller takes the result instead.
             TicketState::Done(..) | TicketState::Free | TicketState::Abandoned => None,
         }
@@ -299,7 +393,8 @@ impl<Q: Deref<Target = Queue>> Ticket<Q> {
     pub(crate) async fn sleep(&mut self) -> Result<(DmaBuf, u32), ()> {
         std::future::poll_fn(|cx| match self.poll(cx.waker(), false) {
             TicketPoll::Ready(r) => Poll::Ready(r),
-            TicketPoll::Lead | TicketPoll::Asleep => Poll::Pending,
+            // (Its requests have no deadline: the caller times them.)
+            TicketPoll::Lead | TicketPoll::Asleep | TicketPoll::Expired(_) => Poll::Pending,
         })
         .await
     }
@@ -483,7 +578,7 @@ pub(crate) struct Queue {
     pub(crate) full: AtomicU64,
     /// Tells the completion task that callers sleep behind a poller, so
     /// that it watches for a poller that stopped polling
-    /// ([`Queue::needs_watch`]).
+    /// ([`Queue::watch_state`]).
     pub(crate) watch: Arc<Notify>,
 }
 
@@ -500,6 +595,10 @@ pub(crate) struct QueueState {
     pub(crate) failed: bool,
     /// The completion task was told that callers sleep behind a poller.
     pub(crate) watched: bool,
+    /// The earliest deadline of a waiting ticket the completion task
+    /// knows of (it may have completed since: the task then finds nothing
+    /// to expire); `None` when none has one.
+    pub(crate) earliest: Option<tokio::time::Instant>,
 }
 
 impl QueueState {
@@ -529,6 +628,7 @@ impl Queue {
                 pollers: 0,
                 failed: false,
                 watched: false,
+                earliest: None,
             }),
             room: Notify::new(),
             room_waiters: AtomicUsize::new(0),
@@ -617,18 +717,28 @@ impl Queue {
         if let Some(r) = state.tickets.take(id) {
             return TicketPoll::Ready(r);
         }
+        if let Some(TicketState::Waiting {
+            deadline: Some(d),
+            expired: true,
+            ..
+        }) = state.tickets.slots.get(id as usize)
+        {
+            return TicketPoll::Expired(d.limit);
+        }
         if lead && state.pollers == 0 && !state.failed {
             state.pollers = 1;
             let _ = state.ring.set_interrupts(false);
             // The poller looks for its result itself: no wake-up for it,
             // and no hand-off to it.
-            if let Some(TicketState::Waiting(w)) = state.tickets.slots.get_mut(id as usize) {
-                *w = None;
+            if let Some(TicketState::Waiting { waker, .. }) =
+                state.tickets.slots.get_mut(id as usize)
+            {
+                *waker = None;
             }
             return TicketPoll::Lead;
         }
         match state.tickets.slots.get_mut(id as usize) {
-            Some(TicketState::Waiting(w)) => match w {
+            Some(TicketState::Waiting { waker: w, .. }) => match w {
                 Some(w) if w.will_wake(waker) => {}
                 _ => *w = Some(waker.clone()),
             },
@@ -650,14 +760,29 @@ impl Queue {
     /// device holds requests): the completion task then drains the ring
     /// itself whenever no interrupt came for a while, so that a poller
     /// whose future is not being polled stalls nobody. If not, the next
-    /// sleeper tells it again.
-    pub(crate) fn needs_watch(&self) -> bool {
+    /// sleeper tells it again. With it, the earliest deadline of a waiting
+    /// ticket (when the completion task should call [`Queue::expire`]).
+    pub(crate) fn watch_state(&self) -> (bool, Option<tokio::time::Instant>) {
         let mut state = self.lock();
         let watch = state.pollers > 0 && !state.pending.is_empty();
         if !watch {
             state.watched = false;
         }
-        watch
+        (watch, state.earliest)
+    }
+
+    /// Gives up on the waiting tickets whose deadline has come (their
+    /// callers are woken to find [`TicketPoll::Expired`]); the next
+    /// deadline is remembered for the completion task.
+    pub(crate) fn expire(&self, now: tokio::time::Instant) {
+        let mut state = self.lock();
+        if state.earliest.is_none_or(|e| e > now) {
+            return;
+        }
+        let mut wake = Vec::new();
+        state.earliest = state.tickets.expire(now, &mut wake);
+        drop(state);
+        wake.into_iter().for_each(Waker::wake);
     }
 
     /// A caller starts polling the ring: the device's interrupts are off
@@ -733,8 +858,13 @@ impl Queue {
         chain: Chain,
         table: Option<u64>,
         rescue: Option<Rescue>,
+        deadline: Option<Deadline>,
     ) -> Result<Ticket<&Self>, Error> {
         let mut ticket = None;
+        // The completion task is told of a deadline earlier than any it
+        // knows of (rarely: under a steady load each request's comes after
+        // the one before's).
+        let mut sooner = false;
         let staged = self
             .enqueue_with(host, 1, |state, _, orphans| {
                 let staged = match table {
@@ -745,7 +875,13 @@ impl Queue {
                     // Staged once only: the loop stops at 1.
                     Ok(Some(head)) => match one.take() {
                         Some(buf) => {
-                            let id = state.tickets.open();
+                            let id = state.tickets.open(deadline);
+                            if let Some(d) = deadline
+                                && state.earliest.is_none_or(|e| d.at < e)
+                            {
+                                state.earliest = Some(d.at);
+                                sooner = true;
+                            }
                             ticket = Some(id);
                             let p = Pending::One {
                                 buf,
@@ -762,6 +898,9 @@ impl Queue {
                 }
             })
             .await;
+        if sooner {
+            self.watch.notify_one();
+        }
         match (staged, ticket) {
             (Ok(()), Some(id)) => Ok(Ticket {
                 q: self,
@@ -931,6 +1070,7 @@ mod tests {
     use crate::device_ring::DeviceRing;
     use crate::dma::DmaPool;
     use crate::virtqueue::Segment;
+    use std::time::Duration;
 
     fn buf(pool: &Arc<DmaPool>) -> DmaBuf {
         pool.try_alloc(16).unwrap().unwrap()
@@ -1080,7 +1220,7 @@ mod tests {
                 tokio::spawn(async move {
                     let (b, chain) = tagged(&pool, tag);
                     let mut ticket = q
-                        .enqueue_one(&*host, &mut Some(b), chain, None, None)
+                        .enqueue_one(&*host, &mut Some(b), chain, None, None, None)
                         .await?;
                     let (b, len) = ticket.sleep().await.map_err(|()| Error::Gone)?;
                     Ok::<_, Error>((tag, b.read_u64(0)?, len))
@@ -1136,7 +1276,7 @@ mod tests {
         for tag in 0..3 {
             let (b, chain) = tagged(&pool, tag);
             rxs.push(
-                q.enqueue_one(&host, &mut Some(b), chain, None, None)
+                q.enqueue_one(&host, &mut Some(b), chain, None, None, None)
                     .await
                     .unwrap(),
             );
@@ -1158,7 +1298,8 @@ mod tests {
         assert_eq!(pool.units_in_use(), held);
         let (b, chain) = tagged(&pool, 9);
         assert!(matches!(
-            q.enqueue_one(&host, &mut Some(b), chain, None, None).await,
+            q.enqueue_one(&host, &mut Some(b), chain, None, None, None)
+                .await,
             Err(Error::Broken(_))
         ));
         let _ = head;
@@ -1171,7 +1312,9 @@ mod tests {
         tag: u64,
     ) -> Ticket<&'q Queue> {
         let (b, c) = tagged(pool, tag);
-        q.enqueue_one(h, &mut Some(b), c, None, None).await.unwrap()
+        q.enqueue_one(h, &mut Some(b), c, None, None, None)
+            .await
+            .unwrap()
     }
 
     /// A device that publishes its used index before the entry it covers
@@ -1389,7 +1532,7 @@ mod tests {
     #[test]
     fn a_failed_tickets_debug_prints_no_bytes() {
         let mut t = Tickets::default();
-        let id = t.open();
+        let id = t.open(None);
         t.fail(
             id,
             Some(Zeroizing::new(b"secret".to_vec())),
@@ -1398,5 +1541,58 @@ mod tests {
         let s = format!("{t:?}");
         eprintln!("DEBUG: {s}");
         assert!(!s.contains("115, 101, 99, 114, 101, 116"), "{s}");
+    }
+
+    /// A ticket past its deadline is given up only when its caller looks:
+    /// a completion that came first wins; the completion task is left the
+    /// next deadline still to come, and told of one sooner than it knows.
+    #[tokio::test(flavor = "current_thread")]
+    async fn deadlines_expire_waiters_and_a_completion_still_wins() {
+        let (q, mut dev, pool) = queue(8);
+        let h = TestHost::default();
+        let soon = Deadline::after(Duration::from_secs(10));
+        let later = Deadline::after(Duration::from_secs(20));
+        let mut tickets = Vec::new();
+        for (tag, d) in [(1u64, soon), (2, later), (3, soon)] {
+            let (b, chain) = tagged(&pool, tag);
+            let t = q
+                .enqueue_one(&h, &mut Some(b), chain, None, None, Some(d))
+                .await
+                .unwrap();
+            tickets.push(t);
+        }
+        assert_eq!(q.watch_state().1, Some(soon.at), "the earliest");
+        let waker = Waker::noop().clone();
+        for t in &mut tickets {
+            assert!(matches!(t.poll(&waker, false), TicketPoll::Asleep));
+        }
+        // Not yet: nothing expires.
+        q.expire(tokio::time::Instant::now());
+        assert!(matches!(tickets[0].poll(&waker, false), TicketPoll::Asleep));
+        // The clock as the completion task would read it 15 s on.
+        let then = tokio::time::Instant::now() + Duration::from_secs(15);
+        // Ticket 3's request completes before anyone looks at the clock.
+        let heads: Vec<u16> = (0..3).map(|_| dev.pop_avail().unwrap().unwrap()).collect();
+        dev.push_used(u32::from(heads[2]), 0).unwrap();
+        q.drain(&h);
+        q.expire(then);
+        assert_eq!(q.watch_state().1, Some(later.at), "the next to come");
+        assert!(matches!(tickets[0].poll(&waker, false), TicketPoll::Expired(l) if l == soon.limit));
+        assert!(tickets[0].is_settled(), "a poller stops for it");
+        assert!(matches!(tickets[1].poll(&waker, false), TicketPoll::Asleep));
+        let TicketPoll::Ready(Ok((buf, _))) = tickets[2].poll(&waker, false) else {
+            panic!("the completion lost to the deadline");
+        };
+        assert_eq!(buf.read_u64(0).unwrap(), 3);
+        // Given up: the memory stays the queue's until the device is done.
+        let gone = tickets.remove(0);
+        drop(gone);
+        dev.push_used(u32::from(heads[0]), 0).unwrap();
+        dev.push_used(u32::from(heads[1]), 0).unwrap();
+        q.drain(&h);
+        assert!(matches!(tickets[0].poll(&waker, false), TicketPoll::Ready(Ok(_))));
+        drop(tickets);
+        drop(buf);
+        assert_eq!(q.lock().tickets.in_use(), 0);
     }
 }

@@ -15,7 +15,7 @@ use crate::device::DeviceState;
 use crate::dma::{DmaBuf, UNIT};
 use crate::error::{BufferFailed, Error, Failed, Returned};
 use crate::protocol::{self, CipherAlgo};
-use crate::queue::{Burst, Host, Queue, Rescue, Ticket};
+use crate::queue::{Burst, Deadline, Host, Queue, Rescue, Ticket};
 use crate::request::{Chain, DmaRequest, HEADER_AT, IV_AT, Layout, STATUS_AT, TABLE_AT};
 
 /// How long a request may take before it is given up as hung: `fixed`
@@ -272,7 +272,7 @@ impl CipherSession {
             started.push_back((
                 i,
                 self.dev
-                    .enqueue_one(&mut Some(dma), chain, table, None)
+                    .enqueue_one(&mut Some(dma), chain, table, None, None)
                     .await?,
             ));
         }
@@ -323,16 +323,18 @@ impl CipherSession {
             // the caller's buffer once the device has succeeded — no second
             // buffer to allocate, fill and wipe. The copy out is the last
             // step, after the last await: a request given up (timed out,
-            // dropped) leaves the buffer as it was.
+            // dropped) leaves the buffer as it was. Its timeout is a
+            // deadline the queue keeps with the request, not a timer of
+            // its own ([`Deadline`]).
             let mut buf = buf;
-            let r = self
-                .within(len, async {
-                    let rx = self.start(encrypt, iv, &buf).await?;
-                    let dma = self.finish(rx).await?;
-                    dma.read(Layout::new(self.algo, len).out_at, &mut buf)
-                })
-                .instrument(span)
-                .await;
+            let deadline = self.timeout.map(|t| Deadline::after(t.for_len(len)));
+            let r = async {
+                let rx = self.start(encrypt, iv, &buf, deadline).await?;
+                let dma = self.finish(rx).await?;
+                dma.read(Layout::new(self.algo, len).out_at, &mut buf)
+            }
+            .instrument(span)
+            .await;
             return match r {
                 Ok(()) => Ok(buf),
                 Err(error) => Err(Failed { error, buf }),
@@ -464,30 +466,20 @@ impl CipherSession {
         let (dma, len, half, active) = buf.into_parts();
         let table = dma.iova(TABLE_AT);
         let rescue = Rescue { at: input, len };
-        let deadline = self
-            .timeout
-            .map(|t| (t.for_len(len), tokio::time::Instant::now() + t.for_len(len)));
+        let deadline = self.timeout.map(|t| Deadline::after(t.for_len(len)));
         let mut dma = Some(dma);
         let r: Result<DmaBuf, (Error, Option<Vec<u8>>)> = async {
             // Submitted (waiting for room in the ring if need be), then
-            // awaited: within the timeout both, the ticket kept outside it
-            // so that the input can still be read if it fires.
-            let submitted = self.dev.enqueue_one(&mut dma, chain, table, Some(rescue));
-            let submitted = match deadline {
-                None => submitted.await,
-                Some((limit, at)) => tokio::time::timeout_at(at, submitted)
-                    .await
-                    .unwrap_or(Err(Error::Timeout(limit))),
-            };
-            let mut ticket = submitted.map_err(|e| (e, None))?;
-            let waited = self.dev.wait_ticket(&mut ticket);
-            let r = match deadline {
-                None => waited.await,
-                Some((limit, at)) => tokio::time::timeout_at(at, waited)
-                    .await
-                    .unwrap_or(Err(Error::Timeout(limit))),
-            };
-            match r {
+            // awaited: within the timeout both — the queue keeps the
+            // deadline with the ticket, no timer a request — the ticket
+            // kept here so that the input can still be read if it passes.
+            let submitted = self
+                .dev
+                .enqueue_one(&mut dma, chain, table, Some(rescue), deadline);
+            let mut ticket = Deadline::bound(deadline, submitted)
+                .await
+                .map_err(|e| (e, None))?;
+            match self.dev.wait_ticket(&mut ticket).await {
                 Ok((done, _)) => Ok(done),
                 Err(error) => {
                     // Completed as the timeout fired: the result stands.
@@ -562,7 +554,7 @@ impl CipherSession {
         let mut iv = Zeroizing::new(iv.to_vec());
         let max = self.max_request();
         for (piece, dest) in data.chunks(max).zip(out.chunks_mut(max)) {
-            let rx = self.start(encrypt, &iv, piece).await?;
+            let rx = self.start(encrypt, &iv, piece, None).await?;
             self.collect(rx, Layout::new(self.algo, piece.len()), dest)
                 .await?;
             next_iv(self.algo, encrypt, &mut iv, piece, dest);
@@ -571,17 +563,25 @@ impl CipherSession {
     }
 
     /// Sends one request, waiting only for room in the queue.
-    async fn start(&self, encrypt: bool, iv: &[u8], data: &[u8]) -> Result<Ticket<&Queue>, Error> {
-        let dma = self
-            .dev
-            .pool
-            .alloc(Layout::new(self.algo, data.len()).bytes())
-            .await?;
+    /// Its ticket expires at `deadline`, which also bounds the waits for
+    /// memory and for room in the ring (with a timer only if they wait).
+    async fn start(
+        &self,
+        encrypt: bool,
+        iv: &[u8],
+        data: &[u8],
+        deadline: Option<Deadline>,
+    ) -> Result<Ticket<&Queue>, Error> {
+        let bytes = Layout::new(self.algo, data.len()).bytes();
+        let dma = Deadline::bound(deadline, self.dev.pool.alloc(bytes)).await?;
         let chain = self.write_request(&dma, encrypt, iv, data)?;
         let table = dma.iova(TABLE_AT);
-        self.dev
-            .enqueue_one(&mut Some(dma), chain, table, None)
-            .await
+        let mut dma = Some(dma);
+        Deadline::bound(
+            deadline,
+            self.dev.enqueue_one(&mut dma, chain, table, None, deadline),
+        )
+        .await
     }
 
     /// Writes a whole request into `dma` (header, IV, input, status "not

@@ -21,7 +21,9 @@ impl DeviceState {
     /// no channel, and a lone request polls for itself at once. A poller
     /// whose request is done hands the ring to a sleeper whose request is
     /// not ([`Queue::stop_polling`]); one that saw nothing for the poll
-    /// budget sleeps on the interrupt like the rest.
+    /// budget sleeps on the interrupt like the rest. A ticket past its
+    /// deadline ([`Queue::expire`]) fails with [`Error::Timeout`] (the
+    /// request stays with the queue until the device is done with it).
     ///
     /// # Cancel safety
     /// Cancel safe: the request's buffer stays with the queue (freed when
@@ -40,14 +42,15 @@ impl DeviceState {
             let lead = std::future::poll_fn(|cx| {
                 let lead = polls && !(quiet && std::mem::take(&mut first));
                 match ticket.poll(cx.waker(), lead) {
-                    TicketPoll::Ready(r) => Poll::Ready(Err(r)),
+                    TicketPoll::Ready(r) => Poll::Ready(Err(r.map_err(|()| self.failure()))),
+                    TicketPoll::Expired(limit) => Poll::Ready(Err(Err(Error::Timeout(limit)))),
                     TicketPoll::Lead => Poll::Ready(Ok(())),
                     TicketPoll::Asleep => Poll::Pending,
                 }
             })
             .await;
             match lead {
-                Err(r) => return r.map_err(|()| self.failure()),
+                Err(r) => return r,
                 Ok(()) => {
                     let q = ticket.queue();
                     let mut polling = Polling::adopt(self, q);

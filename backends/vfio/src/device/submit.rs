@@ -11,7 +11,7 @@ use super::{CryptoDevice, DeviceState};
 use crate::dma::DmaBuf;
 use crate::error::Error;
 use crate::protocol::{self, CipherAlgo, HEADER_LEN, SESSION_INPUT_LEN};
-use crate::queue::{Burst, Queue, Rescue, Ticket};
+use crate::queue::{Burst, Deadline, Queue, Rescue, Ticket};
 use crate::request::Chain;
 use crate::session::CipherSession;
 use crate::virtqueue::Segment;
@@ -87,7 +87,8 @@ impl Drop for SessionReservation<'_> {
 impl DeviceState {
     /// Submits a data request (its memory all in `buf`, its chain also
     /// written as an indirect table at `table`), waiting for room in the
-    /// queue: [`Queue::enqueue_one`].
+    /// queue: [`Queue::enqueue_one`]. Its ticket expires at `deadline`
+    /// (the wait for room is the caller's to bound: [`Deadline::bound`]).
     ///
     /// # Cancel safety
     /// As for [`Queue::enqueue_one`].
@@ -97,9 +98,10 @@ impl DeviceState {
         chain: Chain,
         table: u64,
         rescue: Option<Rescue>,
+        deadline: Option<Deadline>,
     ) -> Result<Ticket<&Queue>, Error> {
         self.data
-            .enqueue_one(self, buf, chain, Some(table), rescue)
+            .enqueue_one(self, buf, chain, Some(table), rescue, deadline)
             .await
     }
 
@@ -123,7 +125,7 @@ impl DeviceState {
         let limit = std::time::Duration::from_nanos(self.control_timeout.load(Ordering::Relaxed));
         let request = async {
             let mut ticket = q
-                .enqueue_one(self, &mut Some(buf), Chain::new(chain)?, None, None)
+                .enqueue_one(self, &mut Some(buf), Chain::new(chain)?, None, None, None)
                 .await?;
             ticket.sleep().await.map_err(|()| self.failure())
         };

@@ -52,25 +52,38 @@ pub(super) const WATCHDOG: std::time::Duration = std::time::Duration::from_milli
 
 /// The completion task: each interrupt drains both queues; while callers
 /// sleep behind a poller, it also drains the data queue every
-/// [`WATCHDOG`] without an interrupt.
+/// [`WATCHDOG`] without an interrupt; and it gives up on requests whose
+/// deadline has come ([`Queue::expire`]: one timer here for the earliest,
+/// not one a request).
 pub(super) async fn reap(inner: Weak<DeviceState>, irq: AsyncFd<EventFd>, watch: Arc<Notify>) {
     loop {
-        let watching = match inner.upgrade() {
-            Some(inner) => inner.data.needs_watch(),
+        let (watching, earliest) = match inner.upgrade() {
+            Some(inner) => inner.data.watch_state(),
             None => return,
         };
-        let ready = if watching {
-            tokio::time::timeout(WATCHDOG, irq.readable()).await.ok()
+        let wake_at = if watching {
+            let tick = tokio::time::Instant::now() + WATCHDOG;
+            Some(earliest.map_or(tick, |e| e.min(tick)))
         } else {
-            tokio::select! {
+            earliest
+        };
+        let ready = match wake_at {
+            Some(at) => tokio::select! {
                 r = irq.readable() => Some(r),
                 () = watch.notified() => None,
-            }
+                () = tokio::time::sleep_until(at) => None,
+            },
+            None => tokio::select! {
+                r = irq.readable() => Some(r),
+                () = watch.notified() => None,
+            },
         };
         let Some(ready) = ready else {
-            if watching && let Some(inner) = inner.upgrade() {
+            let Some(inner) = inner.upgrade() else { return };
+            if watching {
                 inner.drain(&inner.data);
             }
+            inner.data.expire(tokio::time::Instant::now());
             continue;
         };
         let mut ready = match ready {
@@ -89,6 +102,11 @@ pub(super) async fn reap(inner: Weak<DeviceState>, irq: AsyncFd<EventFd>, watch:
         }
         inner.drain(&inner.data);
         inner.drain(&inner.ctrl);
+        // Interrupts may keep winning the race with the deadline's timer.
+        let now = tokio::time::Instant::now();
+        if earliest.is_some_and(|e| e <= now) {
+            inner.data.expire(now);
+        }
     }
 }
 

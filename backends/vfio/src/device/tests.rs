@@ -1241,3 +1241,146 @@ mod poller_and_buffers {
         stress_hangs(Duration::ZERO).await;
     }
 }
+
+/// Request timeouts kept by the queue (a deadline with each ticket, one
+/// timer in the completion task) rather than a tokio timer a request.
+mod deadlines {
+    use super::*;
+
+    /// More requests than the ring holds on a hung device, Vec and buffer
+    /// requests mixed, on either runtime: every one times out — those in
+    /// the ring (the poller among them, and sleepers the completion task
+    /// must wake) and those still waiting for room — each its input back,
+    /// none waiting on another's deadline; when the device comes back
+    /// every DMA unit does too, and the session works.
+    async fn hung_ring_times_everything_out() {
+        let setup = Setup {
+            queue_max: [8, 64],
+            ..Setup::default()
+        };
+        let (dev, handle) = open(setup);
+        let idle = dev.dma_units_in_use();
+        let key = pattern(16, 9);
+        let limit = Duration::from_millis(40);
+        let s = Arc::new(
+            dev.cipher_session(CipherAlgo::AesCbc, &key)
+                .await
+                .unwrap()
+                .with_timeout(RequestTimeout {
+                    fixed: limit,
+                    per_mib: Duration::ZERO,
+                }),
+        );
+        handle.faults(|f| f.hang = true);
+        let started = std::time::Instant::now();
+        let tasks: Vec<_> = (0..40u8)
+            .map(|t| {
+                let (s, dev) = (s.clone(), dev.clone());
+                tokio::spawn(async move {
+                    let plain = pattern(64 + 16 * usize::from(t % 4), t);
+                    if t % 2 == 0 {
+                        let f = s.encrypt(&[t; 16], plain.clone()).await.unwrap_err();
+                        assert!(
+                            matches!(f.error, Error::Timeout(l) if l == limit),
+                            "{t}: {}",
+                            f.error
+                        );
+                        assert!(f.buf == plain, "{t}: the input back");
+                    } else {
+                        let mut b = dev.try_buffer(plain.len()).unwrap().unwrap();
+                        b.as_mut_slice().copy_from_slice(&plain);
+                        let f = s.encrypt_buffer(&[t; 16], b).await.unwrap_err();
+                        assert!(
+                            matches!(f.error, Error::Timeout(l) if l == limit),
+                            "{t}: {}",
+                            f.error
+                        );
+                        let back = match f.buf {
+                            crate::Returned::Copied(v) => v,
+                            crate::Returned::Device(b) => b.as_slice().to_vec(),
+                            crate::Returned::Lost => panic!("{t}: input lost"),
+                        };
+                        assert!(back == plain, "{t}: the input back");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // Not a speed check: a waiter nobody woke would take forever.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            dev.in_flight() > 0,
+            "the ring's requests are still the device's"
+        );
+        handle.faults(|f| f.hang = false);
+        assert!(
+            settles(|| dev.in_flight() == 0).await,
+            "completions never came"
+        );
+        assert!(
+            settles(|| dev.dma_units_in_use() == idle).await,
+            "memory back"
+        );
+        let mut want = pattern(32, 1);
+        reference(CipherAlgo::AesCbc, true, &key, &[5; 16], &mut want);
+        assert!(s.encrypt(&[5; 16], pattern(32, 1)).await.unwrap() == want);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_hung_ring_times_everything_out_current_thread() {
+        hung_ring_times_everything_out().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hung_ring_times_everything_out_multi_thread() {
+        hung_ring_times_everything_out().await;
+    }
+
+    /// A deadline earlier than any the completion task knows of (a short
+    /// request after a long one's) is still met: the task is told.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_sooner_deadline_is_met_behind_a_later_one() {
+        let (dev, handle) = open(Setup::default());
+        let key = pattern(16, 2);
+        let slow = Arc::new(
+            dev.cipher_session(CipherAlgo::AesCbc, &key)
+                .await
+                .unwrap()
+                .with_timeout(RequestTimeout {
+                    fixed: Duration::from_secs(30),
+                    per_mib: Duration::ZERO,
+                }),
+        );
+        let quick = dev
+            .cipher_session(CipherAlgo::AesCbc, &key)
+            .await
+            .unwrap()
+            .with_timeout(RequestTimeout {
+                fixed: Duration::from_millis(30),
+                per_mib: Duration::ZERO,
+            });
+        handle.faults(|f| f.hang = true);
+        let long = {
+            let slow = slow.clone();
+            tokio::spawn(async move { slow.encrypt(&[0; 16], vec![1; 64]).await })
+        };
+        assert!(settles(|| dev.in_flight() == 1).await);
+        // Not a speed check: missed, it would wait for the long one's 30 s.
+        let f = tokio::time::timeout(
+            Duration::from_secs(10),
+            quick.encrypt(&[0; 16], vec![2; 64]),
+        )
+        .await
+        .expect("the sooner deadline was missed")
+        .unwrap_err();
+        assert!(matches!(f.error, Error::Timeout(_)), "{}", f.error);
+        handle.faults(|f| f.hang = false);
+        assert!(long.await.unwrap().is_ok(), "the long deadline was not hit");
+    }
+}
