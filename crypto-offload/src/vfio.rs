@@ -300,7 +300,7 @@ impl Backend for VfioBackend {
         let mut buf = self.device.try_buffer(len.checked_add(16)?).ok()??;
         buf.set_len(len).ok()?;
         Some(Box::new(DmaMemory {
-            buf,
+            buf: Some(buf),
             owner: self.name.clone(),
         }))
     }
@@ -356,20 +356,24 @@ impl Backend for VfioBackend {
 
 /// A device-ready buffer's memory, lent by [`VfioBackend::buffer`]
 /// (`Backend::buffer`): carved from the device's DMA pool.
+///
+/// The buffer is out (`None`) only while a request on it is in the device
+/// ([`VfioCipher::in_place`]), which puts it, or what the device gave back,
+/// into the same box: a request costs no allocation here.
 struct DmaMemory {
-    buf: vfio::DmaBuffer,
+    buf: Option<vfio::DmaBuffer>,
     owner: Arc<str>,
 }
 
 impl DeviceMemory for DmaMemory {
     fn as_slice(&self) -> &[u8] {
-        self.buf.as_slice()
+        self.buf.as_ref().map_or(&[], |b| b.as_slice())
     }
     fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.buf.as_mut_slice()
+        self.buf.as_mut().map_or(&mut [], |b| b.as_mut_slice())
     }
     fn set_len(&mut self, len: usize) -> bool {
-        self.buf.set_len(len).is_ok()
+        self.buf.as_mut().is_some_and(|b| b.set_len(len).is_ok())
     }
     fn owner(&self) -> &str {
         &self.owner
@@ -412,9 +416,10 @@ impl VfioCipher {
                 let mine = m
                     .as_any()
                     .downcast_ref::<DmaMemory>()
-                    .is_some_and(|d| self.session.owns(&d.buf));
+                    .and_then(|d| d.buf.as_ref())
+                    .is_some_and(|b| self.session.owns(b));
                 match m.into_any().downcast::<DmaMemory>() {
-                    Ok(d) if mine => return self.in_place(encrypt, &params.iv, *d).await,
+                    Ok(d) if mine => return self.in_place(encrypt, &params.iv, d).await,
                     Ok(d) => IoBuf::from_device(d),
                     // Never: the type was checked.
                     Err(_) => {
@@ -450,8 +455,19 @@ impl VfioCipher {
     }
 
     /// On the device's own memory: nothing copied.
-    async fn in_place(&self, encrypt: bool, iv: &[u8; 16], m: DmaMemory) -> Result<IoBuf, Failed> {
-        let DmaMemory { buf, owner } = m;
+    /// `m` holds a buffer of this session's device (checked by the caller).
+    async fn in_place(
+        &self,
+        encrypt: bool,
+        iv: &[u8; 16],
+        mut m: Box<DmaMemory>,
+    ) -> Result<IoBuf, Failed> {
+        let Some(buf) = m.buf.take() else {
+            return Err(Failed::new(
+                BackendError::Other("a device buffer without its memory".into()),
+                IoBuf::from(Vec::new()),
+            ));
+        };
         let iv = &iv[..self.session.algo().iv_len()];
         let r = if encrypt {
             self.session.encrypt_buffer(iv, buf).await
@@ -459,10 +475,8 @@ impl VfioCipher {
             self.session.decrypt_buffer(iv, buf).await
         };
         let memory = |buf| {
-            IoBuf::from_device(Box::new(DmaMemory {
-                buf,
-                owner: owner.clone(),
-            }))
+            m.buf = Some(buf);
+            IoBuf::from_device(m)
         };
         match r {
             Ok(buf) => Ok(memory(buf)),
