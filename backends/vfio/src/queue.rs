@@ -580,6 +580,12 @@ pub(crate) struct Queue {
     /// that it watches for a poller that stopped polling
     /// ([`Queue::watch_state`]).
     pub(crate) watch: Arc<Notify>,
+    /// Requests were published while a caller polled, and the device was
+    /// not notified of them: the poller does it once for all of them
+    /// ([`Queue::kick`]) — one doorbell a batch, not one a request (a
+    /// doorbell is an exit to the hypervisor: 10–14% of the guest's CPU on
+    /// the per-request path when every request rang it).
+    pub(crate) unkicked: AtomicBool,
 }
 
 pub(crate) struct QueueState {
@@ -634,6 +640,7 @@ impl Queue {
             room_waiters: AtomicUsize::new(0),
             full: AtomicU64::new(0),
             watch: Arc::new(Notify::new()),
+            unkicked: AtomicBool::new(false),
         }
     }
 
@@ -819,6 +826,19 @@ impl Queue {
         last
     }
 
+    /// Rings the doorbell for requests published while a caller polled
+    /// ([`Queue::unkicked`]), if there are any. For the pollers, between
+    /// their looks at the ring; for the last one leaving; and for the
+    /// completion task's watch (a poller whose future is not polled).
+    pub(crate) fn kick(&self, host: &impl Host) {
+        if self.unkicked.load(Ordering::Acquire) && self.unkicked.swap(false, Ordering::AcqRel) {
+            // A device that is failing fails its requests anyway.
+            if let Err(e) = host.notify(self) {
+                tracing::debug!(%e, queue = self.index, "a deferred notification failed");
+            }
+        }
+    }
+
     /// Fails every request the device holds here: their callers' waits
     /// fail; their memory, which the device may still write, is returned
     /// to be parked until it no longer can. Submitters waiting for room
@@ -993,7 +1013,15 @@ impl Queue {
                 let published = if pushed { state.ring.publish() } else { Ok(()) };
                 published.and(staged).and_then(|()| {
                     let full = (next < n).then(|| state.ring.free_descriptors());
-                    Ok((pushed && state.ring.needs_notify()?, full))
+                    let mut notify = pushed && state.ring.needs_notify()?;
+                    // A caller polls the ring: it rings the doorbell for
+                    // everything published since its last look (under this
+                    // lock, so that a poller leaving sees the flag).
+                    if notify && state.pollers > 0 {
+                        self.unkicked.store(true, Ordering::Release);
+                        notify = false;
+                    }
+                    Ok((notify, full))
                 })
             };
             let (notify, full) = match step {
@@ -1577,7 +1605,9 @@ mod tests {
         q.drain(&h);
         q.expire(then);
         assert_eq!(q.watch_state().1, Some(later.at), "the next to come");
-        assert!(matches!(tickets[0].poll(&waker, false), TicketPoll::Expired(l) if l == soon.limit));
+        assert!(
+            matches!(tickets[0].poll(&waker, false), TicketPoll::Expired(l) if l == soon.limit)
+        );
         assert!(tickets[0].is_settled(), "a poller stops for it");
         assert!(matches!(tickets[1].poll(&waker, false), TicketPoll::Asleep));
         let TicketPoll::Ready(Ok((buf, _))) = tickets[2].poll(&waker, false) else {
@@ -1590,7 +1620,10 @@ mod tests {
         dev.push_used(u32::from(heads[0]), 0).unwrap();
         dev.push_used(u32::from(heads[1]), 0).unwrap();
         q.drain(&h);
-        assert!(matches!(tickets[0].poll(&waker, false), TicketPoll::Ready(Ok(_))));
+        assert!(matches!(
+            tickets[0].poll(&waker, false),
+            TicketPoll::Ready(Ok(_))
+        ));
         drop(tickets);
         drop(buf);
         assert_eq!(q.lock().tickets.in_use(), 0);

@@ -128,6 +128,9 @@ impl DeviceState {
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
         let_others_run(current_thread).await;
         loop {
+            // What the tasks that just ran published, to the device in one
+            // notification.
+            q.kick(self);
             let others = self.drain(q);
             if finished()? {
                 return Ok(true);
@@ -219,6 +222,9 @@ impl<'a> Polling<'a> {
 impl Drop for Polling<'_> {
     fn drop(&mut self) {
         if self.q.stop_polling(!self.quiet) {
+            // Nobody polls now: requests published meanwhile rang the
+            // doorbell themselves; those before are rung for here.
+            self.q.kick(self.dev);
             self.dev.drain(self.q);
         }
     }

@@ -81,6 +81,7 @@ pub(super) async fn reap(inner: Weak<DeviceState>, irq: AsyncFd<EventFd>, watch:
         let Some(ready) = ready else {
             let Some(inner) = inner.upgrade() else { return };
             if watching {
+                inner.data.kick(&*inner);
                 inner.drain(&inner.data);
             }
             inner.data.expire(tokio::time::Instant::now());

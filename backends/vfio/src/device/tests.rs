@@ -1384,3 +1384,52 @@ mod deadlines {
         assert!(long.await.unwrap().is_ok(), "the long deadline was not hit");
     }
 }
+
+/// Requests submitted while a caller polls the ring ring the doorbell
+/// once a batch (the poller's, between its looks at the ring), not once
+/// each; none is left unrung (the emulated device serves only when rung:
+/// a request left unrung would never complete); a lone request rings at
+/// once.
+#[tokio::test(flavor = "current_thread")]
+async fn requests_behind_a_poller_share_a_doorbell() {
+    let (dev, handle) = open(Setup::default());
+    let key = pattern(16, 4);
+    let s = std::rc::Rc::new(dev.cipher_session(CipherAlgo::AesCbc, &key).await.unwrap());
+    let before = handle.seen().notifies;
+    let mut want = pattern(64, 1);
+    reference(CipherAlgo::AesCbc, true, &key, &[3; 16], &mut want);
+    assert!(s.encrypt(&[3; 16], pattern(64, 1)).await.unwrap() == want);
+    assert_eq!(
+        handle.seen().notifies - before,
+        1,
+        "a lone request rings at once"
+    );
+    let local = tokio::task::LocalSet::new();
+    let (tasks, each) = (64usize, 50usize);
+    let before = handle.seen().notifies;
+    local
+        .run_until(async {
+            let all: Vec<_> = (0..tasks)
+                .map(|t| {
+                    let (s, want) = (s.clone(), want.clone());
+                    tokio::task::spawn_local(async move {
+                        for i in 0..each {
+                            let got = s.encrypt(&[3; 16], pattern(64, 1)).await;
+                            assert!(got.unwrap() == want, "task {t} request {i}");
+                        }
+                    })
+                })
+                .collect();
+            for t in all {
+                t.await.unwrap();
+            }
+        })
+        .await;
+    let rung = handle.seen().notifies - before;
+    let requests = (tasks * each) as u64;
+    eprintln!("{rung} doorbells for {requests} requests");
+    assert!(
+        rung * 4 < requests,
+        "{rung} doorbells for {requests} requests"
+    );
+}
