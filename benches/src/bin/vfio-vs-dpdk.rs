@@ -85,6 +85,11 @@ struct Args {
     /// (what they cost in this machine, e.g. under TCG).
     #[arg(long)]
     primitives: bool,
+    /// Only these rows of ours (e.g. `pinned-buf`, to profile one path):
+    /// `burst`, `drv-vec`, `drv-buf`, `pinned-vec`, `pinned-buf`,
+    /// `auto-vec`, `auto-buf`; the others read 0 [default: all].
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// The script that runs dpdk-test-crypto-perf.
     #[arg(long, default_value = "/bin/dpdk-crypto-perf")]
     dpdk_script: String,
@@ -408,19 +413,41 @@ fn measure(device: &str, args: &Args) -> Vec<Row> {
                 .map(|b| b.stats.requests)
                 .sum::<u64>()
         };
+        let run = |row: &str| args.only.is_empty() || args.only.iter().any(|o| o == row);
         let mut rows = Vec::new();
         for &size in &args.sizes {
             let irqs = dev.interrupts();
-            let burst = ours_burst(session.clone(), dev.pool_bytes(), size, args).await;
+            let mut burst = 0.0;
+            if run("burst") {
+                burst = ours_burst(session.clone(), dev.pool_bytes(), size, args).await;
+            }
             let between = dev.interrupts();
-            let single = ours_per_request(session.clone(), size, args).await;
+            let mut single = Rate::default();
+            if run("drv-vec") {
+                single = ours_per_request(session.clone(), size, args).await;
+            }
             let after = dev.interrupts();
-            let single_buf = ours_on_buffers(session.clone(), &dev, size, args).await;
-            let p = offload_per_request(&pinned, size, false, args).await;
-            let pinned_buf = offload_per_request(&pinned, size, true, args).await;
+            let mut single_buf = Rate::default();
+            if run("drv-buf") {
+                single_buf = ours_on_buffers(session.clone(), &dev, size, args).await;
+            }
+            let mut p = Rate::default();
+            if run("pinned-vec") {
+                p = offload_per_request(&pinned, size, false, args).await;
+            }
+            let mut pinned_buf = Rate::default();
+            if run("pinned-buf") {
+                pinned_buf = offload_per_request(&pinned, size, true, args).await;
+            }
             let (d0, a0) = (on_device(), all());
-            let a = offload_per_request(&auto, size, false, args).await;
-            let auto_buf = offload_per_request(&auto, size, true, args).await;
+            let mut a = Rate::default();
+            if run("auto-vec") {
+                a = offload_per_request(&auto, size, false, args).await;
+            }
+            let mut auto_buf = Rate::default();
+            if run("auto-buf") {
+                auto_buf = offload_per_request(&auto, size, true, args).await;
+            }
             let share = (on_device() - d0) as f64 / (all() - a0).max(1) as f64;
             eprintln!(
                 "ours on {device}, {size} B: burst {burst:.0} ops/s ({} interrupts), \
