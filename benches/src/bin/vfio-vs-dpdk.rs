@@ -400,7 +400,10 @@ fn measure(device: &str, args: &Args) -> Vec<Row> {
             .backend(backend.clone())
             .build()
             .expect("an Offload");
-        auto.calibrate().await.expect("calibration");
+        let run = |row: &str| args.only.is_empty() || args.only.iter().any(|o| o == row);
+        if run("auto-vec") || run("auto-buf") {
+            auto.calibrate().await.expect("calibration");
+        }
         let on_device = || {
             auto.backends()
                 .iter()
@@ -413,7 +416,6 @@ fn measure(device: &str, args: &Args) -> Vec<Row> {
                 .map(|b| b.stats.requests)
                 .sum::<u64>()
         };
-        let run = |row: &str| args.only.is_empty() || args.only.iter().any(|o| o == row);
         let mut rows = Vec::new();
         for &size in &args.sizes {
             let irqs = dev.interrupts();
