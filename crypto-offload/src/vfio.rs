@@ -433,7 +433,10 @@ impl VfioCipher {
             Ok(m) => IoBuf::from_device(m),
             Err(buf) => buf,
         };
-        self.copied(encrypt, params, buf).await
+        // Boxed: the copying path's future is twice the in-place one's
+        // (2.7 KB against 1.4), and this one is moved into the engine
+        // call's box on every request, whichever path it takes.
+        Box::pin(self.copied(encrypt, params, buf)).await
     }
 
     /// Through the DMA pool: copied in and out.

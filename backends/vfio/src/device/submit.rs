@@ -92,17 +92,19 @@ impl DeviceState {
     ///
     /// # Cancel safety
     /// As for [`Queue::enqueue_one`].
-    pub(crate) async fn enqueue_one(
-        &self,
-        buf: &mut Option<DmaBuf>,
+    ///
+    /// Not an `async fn` of its own: the queue's future is returned as it
+    /// is, without a layer holding the arguments a second time.
+    pub(crate) fn enqueue_one<'q, 'b>(
+        &'q self,
+        buf: &'b mut Option<DmaBuf>,
         chain: Chain,
         table: u64,
         rescue: Option<Rescue>,
         deadline: Option<Deadline>,
-    ) -> Result<Ticket<&Queue>, Error> {
+    ) -> impl std::future::Future<Output = Result<Ticket<&'q Queue>, Error>> + use<'q, 'b> {
         self.data
             .enqueue_one(self, buf, chain, Some(table), rescue, deadline)
-            .await
     }
 
     /// Submits the requests of `burst`: [`Queue::enqueue_burst`].
