@@ -327,7 +327,6 @@ impl Backend for VfioBackend {
             .with_timeout(timeout());
         Ok(Box::new(VfioCipher {
             session: s,
-            name: self.name.clone(),
             _power: power,
         }))
     }
@@ -392,7 +391,6 @@ impl DeviceMemory for DmaMemory {
 /// close goes out before the device may suspend).
 struct VfioCipher {
     session: vfio::CipherSession,
-    name: Arc<str>,
     _power: PowerRef,
 }
 
@@ -410,16 +408,12 @@ impl VfioCipher {
         // This device's memory: by its pool, not the backend's name (a
         // buffer kept across a re-open of the same address is another
         // pool's, and goes through the copying path).
-        let ours = buf.device_owner() == Some(&*self.name);
         let buf = match buf.into_device() {
-            Ok(m) if one && ours && m.as_any().is::<DmaMemory>() => {
-                let mine = m
-                    .as_any()
-                    .downcast_ref::<DmaMemory>()
-                    .and_then(|d| d.buf.as_ref())
-                    .is_some_and(|b| self.session.owns(b));
+            Ok(m) if one && m.as_any().is::<DmaMemory>() => {
                 match m.into_any().downcast::<DmaMemory>() {
-                    Ok(d) if mine => return self.in_place(encrypt, &params.iv, d).await,
+                    Ok(d) if d.buf.as_ref().is_some_and(|b| self.session.owns(b)) => {
+                        return self.in_place(encrypt, &params.iv, d).await;
+                    }
                     Ok(d) => IoBuf::from_device(d),
                     // Never: the type was checked.
                     Err(_) => {

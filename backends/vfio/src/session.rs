@@ -31,11 +31,15 @@ pub struct RequestTimeout {
 }
 
 impl RequestTimeout {
-    /// The time a `len`-byte request may take (saturating).
+    /// The time a `len`-byte request may take (saturating). In integers:
+    /// it is computed for every request, and floating point is emulated,
+    /// slowly, under TCG (the guest's profile showed it).
     pub fn for_len(self, len: usize) -> Duration {
-        let mib = len as f64 / f64::from(1u32 << 20);
-        let more =
-            Duration::try_from_secs_f64(self.per_mib.as_secs_f64() * mib).unwrap_or(Duration::MAX);
+        let nanos = (self.per_mib.as_nanos().saturating_mul(len as u128)) >> 20;
+        let more = match u64::try_from(nanos / 1_000_000_000) {
+            Ok(secs) => Duration::new(secs, (nanos % 1_000_000_000) as u32),
+            Err(_) => Duration::MAX,
+        };
         self.fixed.saturating_add(more)
     }
 }
@@ -751,5 +755,35 @@ impl Drop for CipherSession {
             });
         }
         self.ids.zeroize();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_grows_with_the_length_and_saturates() {
+        let t = RequestTimeout {
+            fixed: Duration::from_secs(2),
+            per_mib: Duration::from_millis(100),
+        };
+        assert_eq!(t.for_len(0), Duration::from_secs(2));
+        assert_eq!(t.for_len(1 << 20), Duration::from_millis(2100));
+        assert_eq!(t.for_len(512 << 10), Duration::from_millis(2050));
+        assert_eq!(t.for_len(3 << 30), Duration::from_millis(2000 + 307_200));
+        // 1 byte: 100 ms / 2^20, in whole nanoseconds.
+        assert_eq!(t.for_len(1), Duration::from_nanos(2_000_000_095));
+        let forever = RequestTimeout {
+            fixed: Duration::MAX,
+            per_mib: Duration::MAX,
+        };
+        assert_eq!(forever.for_len(usize::MAX), Duration::MAX);
+        let huge = RequestTimeout {
+            fixed: Duration::ZERO,
+            per_mib: Duration::MAX,
+        };
+        assert_eq!(huge.for_len(usize::MAX), Duration::MAX);
+        assert!(huge.for_len(1) > Duration::from_secs(1 << 40));
     }
 }
