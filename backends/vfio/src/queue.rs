@@ -762,6 +762,13 @@ impl Queue {
         if lead && state.pollers == 0 && !state.failed {
             state.pollers = 1;
             let _ = state.ring.set_interrupts(false);
+            // Callers already asleep on the interrupt (which is off now)
+            // rely on this poller: if its future is held unpolled, the
+            // completion task's watch must drain for them.
+            if state.pending.len() > 1 && !state.watched {
+                state.watched = true;
+                self.watch.notify_one();
+            }
             // The poller looks for its result itself: no wake-up for it,
             // and no hand-off to it.
             if let Some(TicketState::Waiting { waker, .. }) =
@@ -826,6 +833,12 @@ impl Queue {
         state.pollers += 1;
         if state.pollers == 1 {
             let _ = state.ring.set_interrupts(false);
+            // As for a ticket's lead ([`Queue::poll_ticket`]): callers
+            // asleep on the interrupt rely on this poller now.
+            if !state.watched && state.tickets.sleeper().is_some() {
+                state.watched = true;
+                self.watch.notify_one();
+            }
         }
     }
 
@@ -851,6 +864,20 @@ impl Queue {
             w.wake();
         }
         last
+    }
+
+    /// Has the completion task watch the ring (drain and ring every
+    /// watchdog tick, 1 ms) while a caller polls it, if it
+    /// does not already: for callers that wait behind a poller without a
+    /// ticket asleep (a submitter waiting for room) or that fell asleep
+    /// before it took the lead.
+    fn watch_behind_poller(&self) {
+        let mut state = self.lock();
+        if state.pollers > 0 && !state.watched {
+            state.watched = true;
+            drop(state);
+            self.watch.notify_one();
+        }
     }
 
     /// Rings the doorbell for requests published while a caller polled
@@ -1073,6 +1100,13 @@ impl Queue {
                 let mut room = std::pin::pin!(self.room.notified());
                 room.as_mut().enable();
                 let _waiting = RoomWaiter::new(self);
+                // What this submission published may have left its
+                // doorbell to a poller; that poller's future may be held
+                // unpolled (a `select!`), and this one is not a ticket
+                // asleep behind it, which would have the completion task
+                // watch: ring now, and have the task watch.
+                self.kick(host);
+                self.watch_behind_poller();
                 self.drain(host);
                 if self.lock().ring.free_descriptors() <= free {
                     room.await;
@@ -1654,5 +1688,115 @@ mod tests {
         drop(tickets);
         drop(buf);
         assert_eq!(q.lock().tickets.in_use(), 0);
+    }
+
+    /// `Deadline::after` with `Duration::MAX` (or anything past what an
+    /// `Instant` holds) saturates far off instead of panicking; `bound`
+    /// with it arms a timer that does not fire, and with a deadline
+    /// already past it times out a waiting future (one ready at once
+    /// still wins).
+    #[tokio::test(flavor = "current_thread")]
+    async fn huge_and_past_deadlines_bound_without_panicking() {
+        let now = tokio::time::Instant::now();
+        let d = Deadline::after(Duration::MAX);
+        assert_eq!(d.limit, Duration::MAX);
+        assert!(d.at > now + Duration::from_secs(86_400 * 365 * 29));
+        let never = std::future::pending::<Result<(), Error>>();
+        let r =
+            tokio::time::timeout(Duration::from_millis(50), Deadline::bound(Some(d), never)).await;
+        assert!(r.is_err(), "a 30-year deadline fired");
+        let past = Deadline::after(Duration::ZERO);
+        let never = std::future::pending::<Result<(), Error>>();
+        let r = tokio::time::timeout(Duration::from_secs(10), Deadline::bound(Some(past), never))
+            .await
+            .expect("a past deadline never fired");
+        assert!(matches!(r, Err(Error::Timeout(l)) if l == Duration::ZERO));
+        let ready = std::future::ready(Ok::<u8, Error>(7));
+        assert_eq!(Deadline::bound(Some(past), ready).await.unwrap(), 7);
+    }
+
+    /// The completion task is left no deadline to wake for once the
+    /// tickets that had one are gone: failed with the device, abandoned
+    /// and completed, or expired (no timer re-armed for the past, no
+    /// stale deadline kept).
+    #[tokio::test(flavor = "current_thread")]
+    async fn no_deadline_is_left_once_its_tickets_are_gone() {
+        let (q, mut dev, pool) = queue(8);
+        let h = TestHost::default();
+        let d = Deadline::after(Duration::from_secs(10));
+        let mut t = Vec::new();
+        for tag in 0..3 {
+            let (b, chain) = tagged(&pool, tag);
+            t.push(
+                q.enqueue_one(&h, &mut Some(b), chain, None, None, Some(d))
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(q.watch_state().1, Some(d.at));
+        // One abandoned and completed, one expired, one failed.
+        drop(t.remove(0));
+        let head = dev.pop_avail().unwrap().unwrap();
+        dev.push_used(u32::from(head), 0).unwrap();
+        q.drain(&h);
+        let later = tokio::time::Instant::now() + Duration::from_secs(11);
+        q.expire(later);
+        assert_eq!(q.watch_state().1, None, "expired: nothing left to wake for");
+        let waker = Waker::noop().clone();
+        assert!(matches!(t[0].poll(&waker, false), TicketPoll::Expired(_)));
+        q.fail_all();
+        assert!(matches!(
+            t[1].poll(&waker, false),
+            TicketPoll::Ready(Err(()))
+        ));
+        q.expire(later + Duration::from_secs(1));
+        assert_eq!(q.watch_state().1, None);
+    }
+
+    /// Requests published while a caller polls leave the doorbell to it:
+    /// not rung at submission, rung once by `kick` for all of them, and
+    /// not again; with nobody polling, each rings at once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn requests_behind_a_poller_are_rung_once_by_kick() {
+        let (q, _dev, pool) = queue(8);
+        let h = TestHost::default();
+        let mut keep = Vec::new();
+        keep.push(submit(&q, &h, &pool, 0).await);
+        assert_eq!(
+            h.notified.load(Ordering::Relaxed),
+            1,
+            "a lone request rings"
+        );
+        q.start_polling();
+        for tag in 1..4 {
+            keep.push(submit(&q, &h, &pool, tag).await);
+        }
+        assert_eq!(
+            h.notified.load(Ordering::Relaxed),
+            1,
+            "deferred to the poller"
+        );
+        assert!(q.unkicked.load(Ordering::Acquire));
+        q.kick(&h);
+        q.kick(&h);
+        assert_eq!(
+            h.notified.load(Ordering::Relaxed),
+            2,
+            "one doorbell for three"
+        );
+        keep.push(submit(&q, &h, &pool, 9).await);
+        assert!(q.stop_polling(false));
+        q.kick(&h);
+        assert_eq!(
+            h.notified.load(Ordering::Relaxed),
+            3,
+            "the last poller out rings"
+        );
+        keep.push(submit(&q, &h, &pool, 10).await);
+        assert_eq!(
+            h.notified.load(Ordering::Relaxed),
+            4,
+            "nobody polls: at once"
+        );
     }
 }
