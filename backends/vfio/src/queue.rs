@@ -869,9 +869,8 @@ impl Queue {
     /// Has the completion task watch the ring (drain and ring every
     /// watchdog tick, 1 ms) while a caller polls it, if it
     /// does not already: for callers that wait behind a poller without a
-    /// ticket asleep (a submitter waiting for room) or that fell asleep
-    /// before it took the lead.
-    fn watch_behind_poller(&self) {
+    /// ticket asleep (a submitter waiting for room, a burst asleep).
+    pub(crate) fn watch_behind_poller(&self) {
         let mut state = self.lock();
         if state.pollers > 0 && !state.watched {
             state.watched = true;
@@ -897,7 +896,17 @@ impl Queue {
     /// fail; their memory, which the device may still write, is returned
     /// to be parked until it no longer can. Submitters waiting for room
     /// are woken (to find the device failed).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn fail_all(&self) -> Vec<DmaBuf> {
+        let mut parked = Vec::new();
+        self.fail_all_into(|failed| parked = failed);
+        parked
+    }
+
+    /// [`Queue::fail_all`], with the memory handed to `park` before any
+    /// caller is woken: a caller that sees its request fail finds its
+    /// memory parked already (counted by `parked_buffers`).
+    pub(crate) fn fail_all_into(&self, park: impl FnOnce(Vec<DmaBuf>)) {
         let mut state = self.lock();
         state.failed = true;
         let mut wake = Vec::new();
@@ -909,9 +918,9 @@ impl Queue {
             .flat_map(|p| p.fail(tickets, &mut wake))
             .collect();
         drop(state);
+        park(parked);
         wake.into_iter().for_each(Waker::wake);
         self.room.notify_waiters();
-        parked
     }
 
     /// Submits one chain (whose memory is all in `buf`; with `table`, the

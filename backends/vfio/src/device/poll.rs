@@ -89,6 +89,9 @@ impl DeviceState {
             if burst.finished()? {
                 return Ok(());
             }
+            // Another caller may poll (interrupts off) with its future held
+            // unpolled: the completion task watches for this burst too.
+            q.watch_behind_poller();
             woken.await;
         }
     }

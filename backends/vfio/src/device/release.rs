@@ -34,11 +34,12 @@ impl DeviceState {
     pub(super) fn fail_all(&self) {
         self.gone.store(true, Ordering::Release);
         for q in [&self.data, &self.ctrl] {
-            let failed = q.fail_all();
-            self.parked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend(failed);
+            q.fail_all_into(|failed| {
+                self.parked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(failed);
+            });
         }
     }
 }

@@ -38,6 +38,20 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// A session on `dev` with a request timeout of `fixed` plus `per_mib`.
+async fn timed(
+    dev: &CryptoDevice,
+    algo: CipherAlgo,
+    key: &[u8],
+    fixed: Duration,
+    per_mib: Duration,
+) -> CipherSession {
+    dev.cipher_session(algo, key)
+        .await
+        .unwrap()
+        .with_timeout(RequestTimeout { fixed, per_mib })
+}
+
 /// Waits up to 10 s for `done`.
 async fn settles(mut done: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -597,14 +611,14 @@ async fn a_hung_control_queue_times_session_creation_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_on_a_hung_device_times_out_and_its_memory_comes_back() {
     let (dev, handle) = open(Setup::default());
-    let s = dev
-        .cipher_session(CipherAlgo::AesCbc, &[2; 16])
-        .await
-        .unwrap()
-        .with_timeout(RequestTimeout {
-            fixed: Duration::from_millis(50),
-            per_mib: Duration::ZERO,
-        });
+    let s = timed(
+        &dev,
+        CipherAlgo::AesCbc,
+        &[2; 16],
+        Duration::from_millis(50),
+        Duration::ZERO,
+    )
+    .await;
     let mut burst = Vec::new();
     for _ in 0..8 {
         burst.push(s.prepare(true, &[0; 16], &[5; 64]).await.unwrap());
@@ -814,14 +828,14 @@ async fn a_failed_or_timed_out_buffer_request_returns_its_input() {
     let (dev, handle) = open(Setup::default());
     let idle = dev.dma_units_in_use();
     handle.faults(|f| f.hang = true);
-    let s = dev
-        .cipher_session(CipherAlgo::AesCbc, &key)
-        .await
-        .unwrap()
-        .with_timeout(RequestTimeout {
-            fixed: Duration::from_millis(50),
-            per_mib: Duration::ZERO,
-        });
+    let s = timed(
+        &dev,
+        CipherAlgo::AesCbc,
+        &key,
+        Duration::from_millis(50),
+        Duration::ZERO,
+    )
+    .await;
     let mut b = dev.try_buffer(512).unwrap().unwrap();
     b.as_mut_slice().fill(0xab);
     let f = s.encrypt_buffer(&[1; 16], b).await.unwrap_err();
@@ -1151,13 +1165,14 @@ mod poller_and_buffers {
     async fn stress_hangs(poll_for: Duration) {
         let (dev, handle, idle, key) = stress_device(poll_for);
         let s = Arc::new(
-            dev.cipher_session(CipherAlgo::AesCtr, &key)
-                .await
-                .unwrap()
-                .with_timeout(RequestTimeout {
-                    fixed: Duration::from_millis(3),
-                    per_mib: Duration::ZERO,
-                }),
+            timed(
+                &dev,
+                CipherAlgo::AesCtr,
+                &key,
+                Duration::from_millis(3),
+                Duration::ZERO,
+            )
+            .await,
         );
         let stop = Arc::new(AtomicBool::new(false));
         let toggler = {
@@ -1262,15 +1277,7 @@ mod deadlines {
         let idle = dev.dma_units_in_use();
         let key = pattern(16, 9);
         let limit = Duration::from_millis(40);
-        let s = Arc::new(
-            dev.cipher_session(CipherAlgo::AesCbc, &key)
-                .await
-                .unwrap()
-                .with_timeout(RequestTimeout {
-                    fixed: limit,
-                    per_mib: Duration::ZERO,
-                }),
-        );
+        let s = Arc::new(timed(&dev, CipherAlgo::AesCbc, &key, limit, Duration::ZERO).await);
         handle.faults(|f| f.hang = true);
         let started = std::time::Instant::now();
         let tasks: Vec<_> = (0..40u8)
@@ -1349,22 +1356,23 @@ mod deadlines {
         let (dev, handle) = open(Setup::default());
         let key = pattern(16, 2);
         let slow = Arc::new(
-            dev.cipher_session(CipherAlgo::AesCbc, &key)
-                .await
-                .unwrap()
-                .with_timeout(RequestTimeout {
-                    fixed: Duration::from_secs(30),
-                    per_mib: Duration::ZERO,
-                }),
+            timed(
+                &dev,
+                CipherAlgo::AesCbc,
+                &key,
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )
+            .await,
         );
-        let quick = dev
-            .cipher_session(CipherAlgo::AesCbc, &key)
-            .await
-            .unwrap()
-            .with_timeout(RequestTimeout {
-                fixed: Duration::from_millis(30),
-                per_mib: Duration::ZERO,
-            });
+        let quick = timed(
+            &dev,
+            CipherAlgo::AesCbc,
+            &key,
+            Duration::from_millis(30),
+            Duration::ZERO,
+        )
+        .await;
         handle.faults(|f| f.hang = true);
         let long = {
             let slow = slow.clone();
@@ -1598,23 +1606,16 @@ mod review {
     async fn huge_timeouts_neither_panic_nor_fire() {
         let (dev, handle) = open(Setup::default());
         let key = pattern(16, 1);
-        let forever = Arc::new(
-            dev.cipher_session(CipherAlgo::AesCbc, &key)
-                .await
-                .unwrap()
-                .with_timeout(RequestTimeout {
-                    fixed: Duration::MAX,
-                    per_mib: Duration::MAX,
-                }),
-        );
-        let quick = dev
-            .cipher_session(CipherAlgo::AesCbc, &key)
-            .await
-            .unwrap()
-            .with_timeout(RequestTimeout {
-                fixed: Duration::from_millis(30),
-                per_mib: Duration::ZERO,
-            });
+        let forever =
+            Arc::new(timed(&dev, CipherAlgo::AesCbc, &key, Duration::MAX, Duration::MAX).await);
+        let quick = timed(
+            &dev,
+            CipherAlgo::AesCbc,
+            &key,
+            Duration::from_millis(30),
+            Duration::ZERO,
+        )
+        .await;
         handle.faults(|f| f.hang = true);
         let vec_req = {
             let s = forever.clone();
@@ -1670,14 +1671,14 @@ mod review {
         let idle = dev.dma_units_in_use();
         let key = pattern(16, 3);
         let patient = Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &key).await.unwrap());
-        let quick = dev
-            .cipher_session(CipherAlgo::AesCbc, &key)
-            .await
-            .unwrap()
-            .with_timeout(RequestTimeout {
-                fixed: Duration::from_millis(50),
-                per_mib: Duration::ZERO,
-            });
+        let quick = timed(
+            &dev,
+            CipherAlgo::AesCbc,
+            &key,
+            Duration::from_millis(50),
+            Duration::ZERO,
+        )
+        .await;
         handle.faults(|f| f.hang = true);
         let fill: Vec<_> = (0..8u8)
             .map(|i| {
@@ -1722,13 +1723,14 @@ mod review {
         let (dev, handle) = open(Setup::default());
         dev.set_poll_for(Duration::from_secs(60));
         let s = Arc::new(
-            dev.cipher_session(CipherAlgo::AesCbc, &[1; 16])
-                .await
-                .unwrap()
-                .with_timeout(RequestTimeout {
-                    fixed: Duration::from_secs(60),
-                    per_mib: Duration::ZERO,
-                }),
+            timed(
+                &dev,
+                CipherAlgo::AesCbc,
+                &[1; 16],
+                Duration::from_secs(60),
+                Duration::ZERO,
+            )
+            .await,
         );
         handle.faults(|f| f.hang = true);
         let tasks: Vec<_> = (0..6u8)
@@ -1840,14 +1842,14 @@ mod review {
 async fn a_polling_caller_with_a_long_budget_still_times_out() {
     let (dev, handle) = open(Setup::default());
     dev.set_poll_for(Duration::from_secs(60));
-    let s = dev
-        .cipher_session(CipherAlgo::AesCbc, &[1; 16])
-        .await
-        .unwrap()
-        .with_timeout(RequestTimeout {
-            fixed: Duration::from_millis(30),
-            per_mib: Duration::ZERO,
-        });
+    let s = timed(
+        &dev,
+        CipherAlgo::AesCbc,
+        &[1; 16],
+        Duration::from_millis(30),
+        Duration::ZERO,
+    )
+    .await;
     handle.faults(|f| f.hang = true);
     let f = tokio::time::timeout(Duration::from_secs(10), s.encrypt(&[0; 16], vec![4; 64]))
         .await
