@@ -765,10 +765,8 @@ impl Queue {
             // Callers already asleep on the interrupt (which is off now)
             // rely on this poller: if its future is held unpolled, the
             // completion task's watch must drain for them.
-            if state.pending.len() > 1 && !state.watched {
-                state.watched = true;
-                self.watch.notify_one();
-            }
+            let others = state.pending.len() > 1;
+            self.ask_watch(&mut state, others);
             // The poller looks for its result itself: no wake-up for it,
             // and no hand-off to it.
             if let Some(TicketState::Waiting { waker, .. }) =
@@ -789,11 +787,8 @@ impl Queue {
         // Asleep behind a poller: the completion task watches that the
         // poller keeps polling (its future may be held and not polled, by
         // a `select!` or by this very task awaiting another request).
-        if state.pollers > 0 && !state.watched {
-            state.watched = true;
-            drop(state);
-            self.watch.notify_one();
-        }
+        let behind = state.pollers > 0;
+        self.ask_watch(&mut state, behind);
         TicketPoll::Asleep
     }
 
@@ -835,9 +830,9 @@ impl Queue {
             let _ = state.ring.set_interrupts(false);
             // As for a ticket's lead ([`Queue::poll_ticket`]): callers
             // asleep on the interrupt rely on this poller now.
-            if !state.watched && state.tickets.sleeper().is_some() {
-                state.watched = true;
-                self.watch.notify_one();
+            if !state.watched {
+                let asleep = state.tickets.sleeper().is_some();
+                self.ask_watch(&mut state, asleep);
             }
         }
     }
@@ -872,9 +867,16 @@ impl Queue {
     /// ticket asleep (a submitter waiting for room, a burst asleep).
     pub(crate) fn watch_behind_poller(&self) {
         let mut state = self.lock();
-        if state.pollers > 0 && !state.watched {
+        let behind = state.pollers > 0;
+        self.ask_watch(&mut state, behind);
+    }
+
+    /// Tells the completion task to watch the ring, if `needed` and it was
+    /// not told already (it stops when it finds nothing to watch:
+    /// [`Queue::watch_state`]). The one place `watched` is set.
+    fn ask_watch(&self, state: &mut QueueState, needed: bool) {
+        if needed && !state.watched {
             state.watched = true;
-            drop(state);
             self.watch.notify_one();
         }
     }
