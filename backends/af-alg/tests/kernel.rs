@@ -381,15 +381,7 @@ fn more_aio_requests_than_the_context_holds_wait_for_room() {
     if !af_alg() {
         return;
     }
-    const ALONE: &str = "AF_ALG_TEST_ALONE";
-    let name = "more_aio_requests_than_the_context_holds_wait_for_room";
-    if std::env::var_os(ALONE).is_none() {
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", name, "--nocapture", "--test-threads=1"])
-            .env(ALONE, "1")
-            .status()
-            .unwrap();
-        assert!(status.success(), "{name} failed alone: {status}");
+    if !alone("more_aio_requests_than_the_context_holds_wait_for_room") {
         return;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -431,23 +423,13 @@ fn more_aio_requests_than_the_context_holds_wait_for_room() {
                 })
             })
             .collect();
-        let (mut completed, mut dropped) = (0, 0);
-        for t in tasks {
-            let (c, d) = t.await.unwrap();
-            completed += c;
-            dropped += d;
-        }
-        (completed, dropped)
+        tally(tasks).await
     });
     eprintln!("{completed} completed, {dropped} dropped of {n}");
     assert_eq!(completed + dropped, n);
     assert!(completed > AIO_DEPTH);
     drop(s);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while open_fds() > before && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert!(open_fds() <= before, "sockets leaked");
+    assert!(fds_settled(before) <= before, "sockets leaked");
 }
 
 #[test]
@@ -511,6 +493,45 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// The open descriptors once they are back to `before`, or after 20 s
+/// (dropped requests' sockets close when the kernel is done with them).
+fn fds_settled(before: usize) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while open_fds() > before && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    open_fds()
+}
+
+/// Whether this process should run the test's body: a test that counts
+/// the process's descriptors runs alone, in a child process of this test
+/// binary (`AF_ALG_TEST_ALONE` set) — the parent runs the child, checks it
+/// passed, and returns `false`.
+fn alone(name: &str) -> bool {
+    const ALONE: &str = "AF_ALG_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some() {
+        return true;
+    }
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(ALONE, "1")
+        .status()
+        .unwrap();
+    assert!(status.success(), "{name} failed alone: {status}");
+    false
+}
+
+/// The (completed, dropped) counts of `tasks`, summed.
+async fn tally(tasks: Vec<tokio::task::JoinHandle<(usize, usize)>>) -> (usize, usize) {
+    let (mut completed, mut dropped) = (0, 0);
+    for t in tasks {
+        let (c, d) = t.await.unwrap();
+        completed += c;
+        dropped += d;
+    }
+    (completed, dropped)
+}
+
 /// Under load (eight tasks on two sessions, one on batched native AIO and
 /// one on the request threads, and `crypt_aio` on either),
 /// each request is dropped at a random point — after
@@ -528,15 +549,7 @@ fn requests_dropped_at_random_points_lose_nothing() {
     if !af_alg() {
         return;
     }
-    const ALONE: &str = "AF_ALG_TEST_ALONE";
-    if std::env::var_os(ALONE).is_none() {
-        let name = "requests_dropped_at_random_points_lose_nothing";
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", name, "--nocapture", "--test-threads=1"])
-            .env(ALONE, "1")
-            .status()
-            .unwrap();
-        assert!(status.success(), "{name} failed alone: {status}");
+    if !alone("requests_dropped_at_random_points_lose_nothing") {
         return;
     }
     // With the timer, for the deadlines.
@@ -608,12 +621,7 @@ fn requests_dropped_at_random_points_lose_nothing() {
                     })
                 })
                 .collect();
-            let (mut completed, mut dropped) = (0, 0);
-            for t in tasks {
-                let (c, d) = t.await.unwrap();
-                completed += c;
-                dropped += d;
-            }
+            let (completed, dropped) = tally(tasks).await;
             for s in &sessions {
                 let mut want = vec![3u8; 4096];
                 fb::Cbc::new(&key)
@@ -628,11 +636,7 @@ fn requests_dropped_at_random_points_lose_nothing() {
         eprintln!("{driver:?}: {completed} completed, {dropped} dropped");
         assert!(completed > 0 && dropped > 0);
         drop(sessions);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while open_fds() > before && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert_eq!(open_fds(), before, "{driver:?}: sockets leaked");
+        assert_eq!(fds_settled(before), before, "{driver:?}: sockets leaked");
     }
 }
 
