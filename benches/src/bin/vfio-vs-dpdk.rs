@@ -14,6 +14,10 @@
 //!   users call, with its selection, engine adapter and copies — pinned to
 //!   the device, and under Auto (the CPU a backend too, calibrated first);
 //!   with the process's CPU time per request;
+//! * **the floor**: the same `--clients` tasks each awaiting a request that
+//!   an engine of no cost answers at once, in batches, from one poller
+//!   task ([`Floor`]) — what the task-per-request shape alone costs on this
+//!   runtime and machine, the bound on any everyday-API row;
 //! * **DPDK**: `dpdk-test-crypto-perf --ptest throughput` (burst 32,
 //!   polling), run by the guest's `/bin/dpdk-crypto-perf` script on a device
 //!   the kernel driver held; its table is printed as it came and parsed.
@@ -31,8 +35,10 @@
 //! `vfio-vs-dpdk`), or on a machine with devices bound to vfio-pci:
 //! `vfio-vs-dpdk [--device BDF] [--dpdk-device BDF|none] [--sizes 64,256,1024,2048] [--ops N]`
 
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -82,11 +88,12 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     clients: usize,
     /// Also time the primitives the driver's per-request path is made of
-    /// (what they cost in this machine, e.g. under TCG).
+    /// (what they cost in this machine, e.g. under TCG) and the floor's
+    /// row at each size; with no device given or listed, only these.
     #[arg(long)]
     primitives: bool,
     /// Only these rows of ours (e.g. `pinned-buf`, to profile one path):
-    /// `burst`, `drv-vec`, `drv-buf`, `pinned-vec`, `pinned-buf`,
+    /// `burst`, `floor`, `drv-vec`, `drv-buf`, `pinned-vec`, `pinned-buf`,
     /// `auto-vec`, `auto-buf`; the others read 0 [default: all].
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -313,6 +320,110 @@ async fn offload_per_request(
     .await
 }
 
+/// An engine of no cost: requests are answered as soon as its one poller
+/// task runs, all those waiting at once — the natural batching of the
+/// VFIO queue (a request that finds the poller idle wakes it; those that
+/// come while it is scheduled join its next pass), with none of the
+/// device, the ring, the DMA memory or `Offload`. What `clients` measures
+/// on it is the task-per-request shape alone: a wake and a poll of the
+/// caller's task a request, the poller's pass shared by the batch.
+#[derive(Default)]
+struct Floor {
+    /// Requests waiting for the poller's next pass.
+    waiting: RefCell<Vec<Rc<FloorRequest>>>,
+    /// The poller's waker while it is idle.
+    poller: RefCell<Option<Waker>>,
+    /// Set when the measurement is over: the poller returns.
+    done: Cell<bool>,
+    /// Passes that answered at least one request, and requests answered.
+    passes: Cell<u64>,
+    answered: Cell<u64>,
+}
+
+/// One caller's request slot, reused request after request (the VFIO
+/// queue's tickets are reused too: no allocation a request).
+#[derive(Default)]
+struct FloorRequest {
+    answered: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Floor {
+    /// Sends `slot`'s request and waits for its answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a dropped request is still answered, into a slot
+    /// its caller no longer watches (harmless here; the bench never drops
+    /// one).
+    async fn request(&self, slot: &Rc<FloorRequest>) {
+        slot.answered.set(false);
+        self.waiting.borrow_mut().push(slot.clone());
+        if let Some(poller) = self.poller.borrow_mut().take() {
+            poller.wake();
+        }
+        std::future::poll_fn(|cx| {
+            if slot.answered.get() {
+                return Poll::Ready(());
+            }
+            *slot.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// The poller: answers everything waiting, then sleeps until a
+    /// request wakes it; returns once `done` is set and it is woken.
+    async fn poll(self: Rc<Self>) {
+        let mut batch = Vec::new();
+        std::future::poll_fn(|cx| {
+            std::mem::swap(&mut batch, &mut *self.waiting.borrow_mut());
+            if !batch.is_empty() {
+                self.passes.set(self.passes.get() + 1);
+                self.answered.set(self.answered.get() + batch.len() as u64);
+            }
+            for slot in batch.drain(..) {
+                slot.answered.set(true);
+                if let Some(w) = slot.waker.borrow_mut().take() {
+                    w.wake();
+                }
+            }
+            if self.done.get() {
+                return Poll::Ready(());
+            }
+            *self.poller.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+    }
+}
+
+/// The floor's row: `clients` tasks each awaiting [`Floor::request`].
+async fn floor_per_request(size: usize, args: &Args) -> Rate {
+    let floor = Rc::new(Floor::default());
+    let poller = tokio::task::spawn_local(floor.clone().poll());
+    let load = (args.clients, args.single_ops.unwrap_or(args.ops / 10));
+    // The "engine" answers with the CPU's output, so the harness's check
+    // holds; each caller's buffer carries its reused slot.
+    let make = |data: &[u8]| (cpu_cbc(data), Rc::new(FloorRequest::default()));
+    let view = |b: &(Vec<u8>, Rc<FloorRequest>)| b.0.clone();
+    let rate = clients(floor.clone(), size, load, make, view, |f, buf| async move {
+        f.request(&buf.1).await;
+        buf
+    })
+    .await;
+    floor.done.set(true);
+    if let Some(p) = floor.poller.borrow_mut().take() {
+        p.wake();
+    }
+    poller.await.expect("the floor's poller");
+    eprintln!(
+        "floor, {size} B: {:.1} requests a pass",
+        floor.answered.get() as f64 / floor.passes.get().max(1) as f64
+    );
+    rate
+}
+
 /// DPDK's ops/s per buffer size from dpdk-test-crypto-perf's throughput
 /// table: rows of numbers `lcore size burst enqueued dequeued failed-enq
 /// failed-deq MOps Gbps cycles/buf`.
@@ -358,6 +469,8 @@ struct Row {
     size: usize,
     /// The driver's burst path (ops/s).
     burst: f64,
+    /// The task-per-request shape alone ([`Floor`]).
+    floor: Rate,
     /// The driver's per-request API, on `Vec`s and on its own buffers.
     single: Rate,
     single_buf: Rate,
@@ -424,6 +537,10 @@ fn measure(device: &str, args: &Args) -> Vec<Row> {
                 burst = ours_burst(session.clone(), dev.pool_bytes(), size, args).await;
             }
             let between = dev.interrupts();
+            let mut floor = Rate::default();
+            if run("floor") {
+                floor = floor_per_request(size, args).await;
+            }
             let mut single = Rate::default();
             if run("drv-vec") {
                 single = ours_per_request(session.clone(), size, args).await;
@@ -478,6 +595,7 @@ fn measure(device: &str, args: &Args) -> Vec<Row> {
             rows.push(Row {
                 size,
                 burst,
+                floor,
                 single,
                 single_buf,
                 pinned: p,
@@ -552,7 +670,7 @@ impl Drop for Taken {
 }
 
 /// Nanoseconds per call of each primitive of the per-request path.
-fn primitives() {
+fn primitives(args: &Args) {
     const N: u32 = 200_000;
     let time = |name: &str, f: &mut dyn FnMut()| {
         let start = Instant::now();
@@ -602,18 +720,32 @@ fn primitives() {
         "tokio yield_now",
         start.elapsed().as_nanos() as f64 / f64::from(N)
     );
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        for &size in &args.sizes {
+            let r = floor_per_request(size, args).await;
+            println!(
+                "  floor, {} tasks, {size} B {:>14.0} ops/s {:.2} µs CPU a request",
+                args.clients, r.ops, r.cpu_us
+            );
+        }
+    });
 }
 
 fn main() {
     let args = Args::parse();
     if args.primitives {
-        primitives();
+        primitives(&args);
     }
     let device = args
         .device
         .clone()
-        .or_else(|| first_of("VMTEST_VFIO_DEVICES"))
-        .expect("no device: --device BDF or VMTEST_VFIO_DEVICES");
+        .or_else(|| first_of("VMTEST_VFIO_DEVICES"));
+    let device = match device {
+        Some(d) => d,
+        None if args.primitives => return,
+        None => panic!("no device: --device BDF or VMTEST_VFIO_DEVICES"),
+    };
     let dpdk_device = args
         .dpdk_device
         .clone()
@@ -692,8 +824,9 @@ fn main() {
     }
     println!(
         "Per request, {} tasks each awaiting one (ops/s, process CPU µs a request): the \
-         driver's encrypt on a Vec and encrypt_buffer on its own memory, then through \
-         Offload, pinned to the device and under Auto, on Vecs and on Offload::buffer",
+         floor (an engine of no cost answering in batches: the task-per-request shape \
+         alone), the driver's encrypt on a Vec and encrypt_buffer on its own memory, then \
+         through Offload, pinned to the device and under Auto, on Vecs and on Offload::buffer",
         args.clients
     );
     let cell = |r: Rate| format!("{:.0} {:.1}", r.ops, r.cpu_us);
@@ -703,7 +836,8 @@ fn main() {
     }
     for (name, rows) in tables {
         println!(
-            "{name:>6} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>9} {:>9}",
+            "{name:>6} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>9} {:>9}",
+            "floor",
             "drv Vec",
             "drv buffer",
             "pinned Vec",
@@ -715,8 +849,9 @@ fn main() {
         );
         for row in rows {
             println!(
-                "{:>6} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>9} {:>9.0}",
+                "{:>6} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>9} {:>9.0}",
                 row.size,
+                cell(row.floor),
                 cell(row.single),
                 cell(row.single_buf),
                 cell(row.pinned),
@@ -731,14 +866,15 @@ fn main() {
     if let Some(pa) = &ours_pa {
         println!("PA device against DPDK on it (ops/s ratios):");
         println!(
-            "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "bytes", "drv Vec", "drv buf", "pin Vec", "pin buf", "Auto Vec", "Auto buf"
+            "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "bytes", "floor", "drv Vec", "drv buf", "pin Vec", "pin buf", "Auto Vec", "Auto buf"
         );
         for row in pa {
             let peer = peer_at(row.size);
             println!(
-                "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
                 row.size,
+                ratio(Some(row.floor.ops), peer),
                 ratio(Some(row.single.ops), peer),
                 ratio(Some(row.single_buf.ops), peer),
                 ratio(Some(row.pinned.ops), peer),
