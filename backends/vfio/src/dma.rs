@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
 use crate::mem::{HUGE_PAGE, Mapping};
+use crate::units::Units;
 use crate::vfio::Container;
 use crate::virtqueue::Segment;
 
@@ -21,8 +22,8 @@ pub struct DmaPool {
     /// The container whose IOMMU maps it (`None`: not mapped for any
     /// device, for tests of the structures that live in it).
     container: Option<Arc<Container>>,
-    /// One flag per [`UNIT`]: in use.
-    used: Mutex<Vec<bool>>,
+    /// Which [`UNIT`]s are in use.
+    used: Mutex<Units>,
     /// Wakes a request waiting for room.
     freed: tokio::sync::Notify,
     /// Requests waiting on `freed` (counted before they look again).
@@ -74,7 +75,7 @@ impl DmaPool {
             mem,
             iova,
             container,
-            used: Mutex::new(vec![false; units]),
+            used: Mutex::new(Units::new(units)),
             freed: tokio::sync::Notify::new(),
             waiters: std::sync::atomic::AtomicUsize::new(0),
             lent: std::sync::atomic::AtomicUsize::new(0),
@@ -106,22 +107,16 @@ impl DmaPool {
                 max: used.len() * UNIT,
             });
         }
-        // First fit.
-        let mut run = 0;
-        for i in 0..used.len() {
-            run = if used[i] { 0 } else { run + 1 };
-            if run == units {
-                let first = i + 1 - units;
-                used[first..=i].iter_mut().for_each(|u| *u = true);
-                return Ok(Some(DmaBuf {
-                    pool: self.clone(),
-                    offset: first * UNIT,
-                    len: units * UNIT,
-                    lent: false,
-                }));
-            }
-        }
-        Ok(None)
+        let Some(first) = used.find_free(units) else {
+            return Ok(None);
+        };
+        used.mark(first, units, true);
+        Ok(Some(DmaBuf {
+            pool: self.clone(),
+            offset: first * UNIT,
+            len: units * UNIT,
+            lent: false,
+        }))
     }
 
     /// `len` bytes for a device-ready buffer, if there is room now and
@@ -177,9 +172,7 @@ impl DmaPool {
         // What requests left here (keys, plaintext) does not outlive them.
         let _ = self.mem.wipe(offset, len);
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        used[offset / UNIT..(offset + len) / UNIT]
-            .iter_mut()
-            .for_each(|u| *u = false);
+        used.mark(offset / UNIT, len / UNIT, false);
         drop(used);
         // Only when someone waits: `notify_waiters` locks the waiter list.
         if self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
@@ -190,7 +183,7 @@ impl DmaPool {
     /// Units in use (for tests and stats).
     pub fn units_in_use(&self) -> usize {
         let used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        used.iter().filter(|u| **u).count()
+        used.count_used()
     }
 }
 
@@ -259,7 +252,7 @@ impl DmaPool {
         };
         let used = self.used.lock().unwrap_or_else(|p| p.into_inner());
         let last = (offset + len.max(1) - 1) / UNIT;
-        used[offset / UNIT..=last].iter().all(|u| *u)
+        used.all_used(offset / UNIT, last)
     }
 }
 

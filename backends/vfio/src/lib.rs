@@ -23,6 +23,7 @@ mod request;
 mod session;
 mod sys;
 mod transport;
+mod units;
 mod vfio;
 mod virtqueue;
 

@@ -411,14 +411,42 @@ fn write_desc(
 
 /// Writes `chain` as an indirect descriptor table at byte `at` of `mem`
 /// (`chain.len()` × [`DESC_BYTES`]), for [`SplitQueue::stage_request`].
+///
+/// A request's table (five descriptors at most) is built on the stack and
+/// copied in with one bounds check: a checked store per half-descriptor
+/// was ~640 instructions of the driver's per-request path (callgrind
+/// around the `per_request_cost` test), and under TCG every instruction
+/// counts.
 pub fn write_table(mem: &DmaBuf, at: usize, chain: &[Segment]) -> Result<(), Error> {
-    for (i, seg) in chain.iter().enumerate() {
+    const ON_STACK: usize = 8;
+    let fields = |i: usize| {
         let last = i + 1 == chain.len();
-        let mut flags = if seg.device_writes { DESC_F_WRITE } else { 0 };
+        let mut flags = if chain[i].device_writes {
+            DESC_F_WRITE
+        } else {
+            0
+        };
         if !last {
             flags |= DESC_F_NEXT;
         }
-        let next = if last { 0 } else { (i + 1) as u16 };
+        (flags, if last { 0 } else { (i + 1) as u16 })
+    };
+    let mut table = [0u8; DESC_BYTES * ON_STACK];
+    let on_stack = chain.len().min(ON_STACK);
+    for (i, d) in table
+        .chunks_exact_mut(DESC_BYTES)
+        .take(on_stack)
+        .enumerate()
+    {
+        let (flags, next) = fields(i);
+        d[..8].copy_from_slice(&chain[i].iova.to_le_bytes());
+        d[8..12].copy_from_slice(&chain[i].len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..].copy_from_slice(&next.to_le_bytes());
+    }
+    mem.write(at, &table[..on_stack * DESC_BYTES])?;
+    for (i, seg) in chain.iter().enumerate().skip(ON_STACK) {
+        let (flags, next) = fields(i);
         write_desc(mem, at + DESC_BYTES * i, seg.iova, seg.len, flags, next)?;
     }
     Ok(())
@@ -512,6 +540,36 @@ mod tests {
         assert_eq!(q.pop_used().unwrap(), Some((head, 17)));
         assert_eq!(q.pop_used().unwrap(), None);
         assert_eq!(q.free_descriptors(), 4);
+    }
+
+    #[test]
+    fn a_table_reads_back_descriptor_by_descriptor_past_the_stack_copy() {
+        let pool = Arc::new(DmaPool::unmapped(64 * 1024).unwrap());
+        let table = pool.try_alloc(DESC_BYTES * 12 + 16).unwrap().unwrap();
+        let chain: Vec<Segment> = (0..11u32)
+            .map(|i| Segment {
+                iova: 0x1_0000_0000 * u64::from(i) + 0x1000,
+                len: 100 + i,
+                device_writes: i % 2 == 1,
+            })
+            .collect();
+        write_table(&table, 16, &chain).unwrap();
+        for (i, seg) in chain.iter().enumerate() {
+            let at = 16 + DESC_BYTES * i;
+            assert_eq!(table.read_u64(at).unwrap(), seg.iova, "descriptor {i}");
+            assert_eq!(table.read_u32(at + 8).unwrap(), seg.len);
+            let last = i + 1 == chain.len();
+            let flags = table.read_u16(at + 12).unwrap();
+            assert_eq!(flags & DESC_F_WRITE != 0, seg.device_writes);
+            assert_eq!(flags & DESC_F_NEXT != 0, !last);
+            let next = if last { 0 } else { i as u16 + 1 };
+            assert_eq!(table.read_u16(at + 14).unwrap(), next);
+        }
+        let near_end = table.len() - DESC_BYTES * 4;
+        assert!(
+            write_table(&table, near_end, &chain[..5]).is_err(),
+            "a table past the buffer's end is refused"
+        );
     }
 
     #[test]
