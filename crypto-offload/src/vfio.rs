@@ -141,6 +141,26 @@ impl VfioBackend {
         let device = vfio::CryptoDevice::open(address)
             .await
             .map_err(|e| Unavailable(e.to_string()))?;
+        VfioBackend::from_device(address, device).await
+    }
+
+    /// A backend on a device already brought up (by
+    /// [`CryptoDevice::open`](vfio::CryptoDevice::open), or the driver's
+    /// emulated device on a host without one), named `vfio:` and
+    /// `address`: probes which algorithms it takes, then leaves it in low
+    /// power until a session needs it.
+    ///
+    /// # Errors
+    /// The device takes none of this crate's algorithms, or refuses to
+    /// enter low power.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the device as the caller gave it, less
+    /// the probe sessions (reclaimed by its reset).
+    pub async fn from_device(
+        address: &str,
+        device: vfio::CryptoDevice,
+    ) -> Result<VfioBackend, Unavailable> {
         let mut supported = Vec::new();
         for alg in CipherAlg::ALL {
             let key = SecretKey::for_tests(alg.key_len());

@@ -8,7 +8,8 @@ mod device;
 pub mod device_ring;
 mod discover;
 mod dma;
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
+#[cfg_attr(not(test), allow(dead_code))]
 mod emulated;
 mod error;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -36,3 +37,19 @@ pub use platform::POOL_BYTES;
 pub use protocol::{CipherAlgo, DeviceConfig};
 pub use request::DmaRequest;
 pub use session::{CipherSession, RequestTimeout, UNITS_IN_FLIGHT};
+
+/// A device over an emulated virtio-crypto device — a thread that plays
+/// the device over plain memory, as the driver's own tests use — so the
+/// layers above the driver (`crypto-offload`'s VFIO backend) can be tested
+/// and measured on a host without one. Not API: the `fuzzing` feature.
+///
+/// # Errors
+/// As [`CryptoDevice::open`]'s bring-up.
+///
+/// # Panics
+/// Outside a tokio runtime with a timer (as the device's tasks need).
+#[cfg(feature = "fuzzing")]
+pub fn emulated_device() -> Result<CryptoDevice, Error> {
+    let (emulated, _handle) = emulated::Emulated::new(emulated::Setup::default());
+    CryptoDevice::start("emulated", Box::new(emulated))
+}
