@@ -85,6 +85,7 @@ impl Units {
     }
 
     /// Whether every unit of `first..=last` is in use.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn all_used(&self, first: usize, last: usize) -> bool {
         (first..=last).all(|i| i < self.len && self.words[i / 64] >> (i % 64) & 1 == 1)
     }
