@@ -108,21 +108,24 @@ fn many_tasks_on_vecs_and_device_buffers_match_the_cpu_past_the_ring() {
     });
 }
 
-/// Ops/s and this thread's CPU per request of 64 tasks each awaiting
-/// `request` on its own buffer, 20,000 each (`EACH=n` to change it, e.g.
-/// fewer under `valgrind --tool=callgrind`).
+/// Ops/s and this thread's CPU per request of 64 tasks (`TASKS=n`) each
+/// awaiting `request` on its own buffer, 20,000 each (`EACH=n`, e.g. fewer
+/// under `valgrind --tool=callgrind`).
 async fn rate<B: 'static, F, Fut>(make: impl Fn() -> B, request: F) -> (f64, f64)
 where
     F: Fn(B) -> Fut + Clone + 'static,
     Fut: std::future::Future<Output = B> + 'static,
 {
-    const TASKS: usize = 64;
+    let tasks: usize = std::env::var("TASKS")
+        .ok()
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(64);
     let each: usize = std::env::var("EACH")
         .ok()
         .and_then(|e| e.parse().ok())
         .unwrap_or(20_000);
     let (start, cpu) = (Instant::now(), cpu_time::ThreadTime::now());
-    let tasks: Vec<_> = (0..TASKS)
+    let handles: Vec<_> = (0..tasks)
         .map(|_| {
             let mut buf = make();
             let request = request.clone();
@@ -133,10 +136,10 @@ where
             })
         })
         .collect();
-    for t in tasks {
+    for t in handles {
         t.await.unwrap();
     }
-    let n = (TASKS * each) as f64;
+    let n = (tasks * each) as f64;
     (
         n / start.elapsed().as_secs_f64(),
         cpu.elapsed().as_secs_f64() * 1e9 / n,
@@ -153,7 +156,7 @@ fn offload_over_the_drivers_own_path() {
         let drv = Rc::new(dev.cipher_session(CipherAlgo::AesCbc, &KEY).await.unwrap());
         let offload = pinned(&backend);
         let s = Rc::new(offload.cipher(CipherAlg::Aes128Cbc, &KEY).await.unwrap());
-        println!("64 tasks, 64 B AES-128-CBC, emulated device: ops/s, ns of this thread a request");
+        println!("64 B AES-128-CBC, emulated device: ops/s, ns of this thread a request");
         let rounds = if std::env::var_os("EACH").is_some() {
             1
         } else {
