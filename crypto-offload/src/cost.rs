@@ -229,11 +229,16 @@ pub(crate) struct Entry {
     per_byte: AtomicF64,
     cpu_fixed: AtomicF64,
     cpu_per_byte: AtomicF64,
-    parallelism: AtomicU64,
     queue_depth: AtomicU64,
     operation_len: AtomicU64,
     /// `op_fixed_ns`, negative for none.
     op_fixed: AtomicF64,
+    /// Requests the engine serves at once, learned: starts at the
+    /// calibrated `parallelism` and follows what requests that found the
+    /// engine busy took ([`Entry::observe_loaded`]) — a device that
+    /// batches what arrives while it works serves many for little more
+    /// than one, and how many is a matter of load, not of one calibration.
+    servers: AtomicF64,
     /// Observed latency over predicted, smoothed; multiplies the latency.
     correction: AtomicF64,
     samples: AtomicU64,
@@ -268,9 +273,7 @@ impl Entry {
             per_byte_ns: self.per_byte.get(),
             cpu_fixed_ns: self.cpu_fixed.get(),
             cpu_per_byte_ns: self.cpu_per_byte.get(),
-            parallelism: u32::try_from(self.parallelism.load(Ordering::Relaxed))
-                .unwrap_or(1)
-                .max(1),
+            parallelism: (self.servers().round() as u32).max(1),
             queue_depth: u32::try_from(self.queue_depth.load(Ordering::Relaxed))
                 .unwrap_or(u32::MAX),
             operation_len: self.operation_len.load(Ordering::Relaxed).max(1),
@@ -283,8 +286,7 @@ impl Entry {
         self.per_byte.set(c.per_byte_ns);
         self.cpu_fixed.set(c.cpu_fixed_ns);
         self.cpu_per_byte.set(c.cpu_per_byte_ns);
-        self.parallelism
-            .store(u64::from(c.parallelism.max(1)), Ordering::Relaxed);
+        self.servers.set(f64::from(c.parallelism.max(1)));
         self.queue_depth
             .store(u64::from(c.queue_depth.max(1)), Ordering::Relaxed);
         self.operation_len
@@ -295,6 +297,29 @@ impl Entry {
             n.store(0, Ordering::Relaxed);
         }
         self.calibrated.store(true, Ordering::Release);
+    }
+
+    /// Requests the engine serves at once, as learned (at least 1).
+    pub(crate) fn servers(&self) -> f64 {
+        self.servers.get().max(1.0)
+    }
+
+    /// Folds in one completion of a `len`-byte request that found `ahead`
+    /// requests in flight on the engine, more than it was modelled to
+    /// serve at once: with `n = ahead + 1` sharing it, a request whose
+    /// service alone takes `s` (`base_ns`, corrected) and that came back
+    /// after `observed_ns` says the engine served `n·s/observed` at once
+    /// (between 1 and `n`). The learned count follows it; the correction
+    /// does not (queueing the model got wrong is not a slower service).
+    pub(crate) fn observe_loaded(&self, len: usize, base_ns: f64, ahead: f64, observed_ns: f64) {
+        if base_ns <= 0.0 || observed_ns <= 0.0 || !self.calibrated.load(Ordering::Acquire) {
+            return;
+        }
+        let n = ahead.max(0.0) + 1.0;
+        let service = base_ns * self.correction_at(len);
+        let seen = (n * service / observed_ns).clamp(1.0, n);
+        let s = self.servers();
+        self.servers.set(s + EWMA_WEIGHT * (seen - s));
     }
 
     /// The correction over all sizes.

@@ -170,6 +170,13 @@ pub(crate) struct Prediction {
     /// does not pass for a slower engine, and the correction does not feed
     /// back on itself.
     pub(crate) expected: f64,
+    /// Requests in flight on the slot when it was sent, and how many the
+    /// model had the slot serve at once: a completion that found more
+    /// ahead than that teaches the engine's parallelism
+    /// ([`Entry::observe_loaded`](crate::cost::Entry::observe_loaded)), not
+    /// its correction.
+    pub(crate) ahead: f64,
+    pub(crate) servers: f64,
     /// The prediction includes a device resume: the request's time is not a
     /// service time, and is left out of the model (the resume has its own
     /// measurement, taken by the power domain).
@@ -240,15 +247,15 @@ pub(crate) fn predict(slots: &Slots, id: SlotId, req: &Request) -> Result<Predic
     };
     let service = base * entry.correction_at(len) + handoff;
     let queued = model.in_flight.load(Ordering::Relaxed) as f64;
+    let servers = if id.is_cpu() {
+        slots.cores as f64
+    } else {
+        entry.servers()
+    };
     let waiting = if id.is_cpu() && slots.policy != Policy::Throughput {
         // Inline on the calling task: the CPU path does not queue.
         0.0
     } else {
-        let servers = if id.is_cpu() {
-            slots.cores as f64
-        } else {
-            f64::from(cost.parallelism)
-        };
         (queued + 1.0 - servers).max(0.0) / servers
     };
     let wait = waiting * service;
@@ -260,6 +267,8 @@ pub(crate) fn predict(slots: &Slots, id: SlotId, req: &Request) -> Result<Predic
         cpu: cost.cpu_ns_ops(len, units),
         base,
         expected: base * (1.0 + waiting),
+        ahead: queued,
+        servers,
         cold,
         explored: false,
     })
@@ -479,7 +488,7 @@ fn spread(slots: &Slots, req: &Request) -> Option<Prediction> {
             let model = &slots[id].model;
             let cost = model.entry(req.alg, req.dir).cost()?;
             let queued = model.in_flight.load(Ordering::Relaxed) as f64;
-            let keep_fed = QUEUE_PER_SERVER * f64::from(cost.parallelism);
+            let keep_fed = QUEUE_PER_SERVER * model.entry(req.alg, req.dir).servers();
             let room = queued < keep_fed.min(f64::from(cost.queue_depth));
             (room && p.cpu < here).then_some(p)
         })

@@ -264,6 +264,24 @@ impl Slots {
         self.refresh_cpu_bound(key(alg, dir));
     }
 
+    /// Folds one completion of a request that found `ahead` others in
+    /// flight on engine `id`, more than its model had it serve at once,
+    /// into the engine's learned parallelism
+    /// ([`Entry::observe_loaded`](crate::cost::Entry::observe_loaded)).
+    pub(crate) fn observe_loaded(
+        &self,
+        id: SlotId,
+        (alg, dir, len): (Algorithm, Direction, usize),
+        base: f64,
+        ahead: f64,
+        observed: f64,
+    ) {
+        self[id]
+            .model
+            .entry(alg, dir)
+            .observe_loaded(len, base, ahead, observed);
+    }
+
     /// Recomputes, for table entry `k`, the request length under which the
     /// CPU wins under the Latency policy without weighing the engines: its
     /// corrected latency is below every engine's corrected fixed latency

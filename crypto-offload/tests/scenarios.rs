@@ -382,6 +382,61 @@ async fn a_resume_does_not_teach_the_model_that_the_engine_is_slow() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_engine_serving_many_at_once_is_learned_so_under_load() {
+    // Profiled single-stream (parallelism 1), the engine in fact serves 8
+    // requests at once (8 queues): 64 requests in flight each come back
+    // after ~8 services, not 64. The model learns it from what it sees
+    // under load — the correction (the service time) stays as it was.
+    let parallelism = |o: &Offload| {
+        o.profile()
+            .entries
+            .iter()
+            .find(|e| e.backend == "sim" && e.dir == Direction::Encrypt)
+            .map(|e| e.cost.parallelism)
+            .unwrap()
+    };
+    let mut c = xts_engine("sim", Duration::from_millis(1));
+    c.timer = SimTimer::Tokio;
+    c.queues = 8;
+    c.queue_depth = 16;
+    let offload = Offload::builder()
+        .backend(Arc::new(SimEngine::new(c)))
+        .profile(xts_profile((1e3, 1.0), (1e6, 0.0), 0.0))
+        .pin("sim")
+        .build()
+        .unwrap();
+    assert_eq!(parallelism(&offload), 1);
+    let one = engine_prediction(&offload, CipherAlg::Aes256Xts, 4096);
+    let s = Arc::new(
+        offload
+            .cipher(CipherAlg::Aes256Xts, &key(64))
+            .await
+            .unwrap(),
+    );
+    for _ in 0..40 {
+        let tasks: Vec<_> = (0..64u128)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move { s.encrypt(&i.to_le_bytes(), vec![0; 4096]).await })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+    }
+    let learned = parallelism(&offload);
+    assert!(
+        (6..=10).contains(&learned),
+        "learned {learned}, served 8 at once"
+    );
+    let after = engine_prediction(&offload, CipherAlg::Aes256Xts, 4096);
+    assert!(
+        after.as_secs_f64() < one.as_secs_f64() * 1.2,
+        "an idle engine's service time moved: {one:?} -> {after:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_cpu_jobs_do_not_teach_the_model_that_one_core_is_faster() {
     // A 16 MiB job runs on the blocking pool in up to `cores` pieces at

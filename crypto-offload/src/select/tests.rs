@@ -279,6 +279,50 @@ fn queueing_makes_a_busy_engine_lose_to_an_idle_one() {
 }
 
 #[test]
+fn an_engine_that_batches_under_load_is_learned_to_serve_many_at_once() {
+    // Throughput, both cores busy: the engine, calibrated single-stream
+    // (parallelism 1), is fed up to 2 requests per server.
+    let s = costed(Policy::Throughput, None, vec![engine("e")]);
+    let e = id(&s, "e");
+    let small = req(CBC, 4096);
+    s.cpu_slot().model.in_flight.store(1, Ordering::Relaxed);
+    s[e].model.in_flight.store(63, Ordering::Relaxed);
+    assert_eq!(name(&s, choose(&s, &small)), "cpu", "full at parallelism 1");
+    let p = predict(&s, e, &small).unwrap();
+    assert_eq!((p.ahead, p.servers), (63.0, 1.0));
+    assert_eq!(p.latency, 64.0 * p.base, "64 served one after another");
+    // Requests that found 63 ahead came back in twice a lone one's time:
+    // the device served 32 at once.
+    let entry = s[e].model.entry(CBC, ENC);
+    for _ in 0..200 {
+        s.observe_loaded(e, (CBC, ENC, 4096), p.base, p.ahead, 2.0 * p.base);
+    }
+    assert!((entry.servers() - 32.0).abs() < 0.5, "{}", entry.servers());
+    assert_eq!(entry.correction(), 1.0, "queueing is not a slower service");
+    assert_eq!(entry.cost().unwrap().parallelism, 32, "reported as learned");
+    let p = predict(&s, e, &small).unwrap();
+    assert!(
+        (p.latency / p.base - 2.0).abs() < 0.05,
+        "{}",
+        p.latency / p.base
+    );
+    assert_eq!(
+        name(&s, choose(&s, &small)),
+        "e",
+        "room for 2 a server: the engine is fed again"
+    );
+    // Then the device stops batching: each came back after all 64.
+    for _ in 0..200 {
+        s.observe_loaded(e, (CBC, ENC, 4096), p.base, 63.0, 64.0 * p.base);
+    }
+    assert!(entry.servers() < 1.5, "{}", entry.servers());
+    assert_eq!(name(&s, choose(&s, &small)), "cpu");
+    // A calibration (or a profile) starts it over.
+    s.set_cost(e, CBC, ENC, Cost::new(10_000.0, 0.1, 2_000.0, 0.0, 4));
+    assert_eq!(entry.servers(), 4.0);
+}
+
+#[test]
 fn cpu_saving_takes_the_least_cpu_within_the_bound() {
     let policy = |ms| Policy::CpuSaving {
         max_latency: Duration::from_millis(ms),

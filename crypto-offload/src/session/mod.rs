@@ -217,6 +217,13 @@ impl<'a> Dispatch<'a> {
                 let model = &slot.model;
                 let inline = p.expected * model.entry(self.alg, self.dir).correction_at(self.len);
                 model.observe_handoff(inline, observed);
+            } else if p.ahead + 1.0 > p.servers {
+                // It shared the engine with more than the model said the
+                // engine serves at once: a lesson in parallelism, not in
+                // service time.
+                let req = (self.alg, self.dir, self.len);
+                self.slots
+                    .observe_loaded(self.slot, req, p.base, p.ahead, observed);
             } else {
                 self.slots.observe(
                     self.slot, self.alg, self.dir, self.len, p.expected, observed,
