@@ -155,8 +155,8 @@ impl VfioBackend {
     /// enter low power.
     ///
     /// # Cancel safety
-    /// Dropping the future leaves the device as the caller gave it, less
-    /// the probe sessions (reclaimed by its reset).
+    /// Dropping the future drops `device` (a clone the caller kept keeps it
+    /// open, less the probe sessions, which its reset reclaims).
     pub async fn from_device(
         address: &str,
         device: vfio::CryptoDevice,

@@ -703,6 +703,7 @@ fn requests_dropped_at_random_points_through_offload_lose_nothing() {
         // device where a drop can catch them: a polling caller takes each
         // back within the poll that submitted it, under TCG too (a first
         // run, polling: 256 of 256 completed, none dropped).
+        #[cfg_attr(not(feature = "af-alg"), allow(unused_mut))]
         let mut engines: Vec<SharedBackend> = VfioBackend::discover()
             .await
             .unwrap()

@@ -13,21 +13,27 @@
 
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crypto_offload::backend::Backend;
 use crypto_offload::vfio::VfioBackend;
 use crypto_offload::{CipherAlg, DeviceBuf, Offload};
-use crypto_offload_vfio::{CipherAlgo, emulated_device};
+use crypto_offload_vfio::{CipherAlgo, EmulatedControl, emulated_device};
 
 const KEY: [u8; 16] = [0x2b; 16];
 const IV: [u8; 16] = [0x0f; 16];
 
-fn cpu_cbc(data: &[u8]) -> Vec<u8> {
+/// RustCrypto's `cbc` directly: not the fallback crate, which the
+/// emulated device computes with.
+fn reference_cbc(data: &[u8]) -> Vec<u8> {
+    use cipher::{BlockModeEncrypt, KeyIvInit};
     let mut out = data.to_vec();
-    crypto_offload_fallback::Cbc::new(&KEY)
-        .and_then(|c| c.encrypt(&IV, &mut out))
-        .unwrap();
+    let (blocks, rest) = out.as_chunks_mut::<16>();
+    assert!(rest.is_empty());
+    let blocks = cipher::array::Array::cast_slice_from_core_mut(blocks);
+    cbc::Encryptor::<aes::Aes128>::new_from_slices(&KEY, &IV)
+        .unwrap()
+        .encrypt_blocks(blocks);
     out
 }
 
@@ -41,13 +47,12 @@ fn local<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::LocalSet::new().block_on(&rt, f)
 }
 
-async fn backend() -> Arc<VfioBackend> {
-    let dev = emulated_device().expect("the emulated device comes up");
-    Arc::new(
-        VfioBackend::from_device("emulated", dev)
-            .await
-            .expect("a backend on it"),
-    )
+async fn backend() -> (Arc<VfioBackend>, EmulatedControl) {
+    let (dev, control) = emulated_device().expect("the emulated device comes up");
+    let backend = VfioBackend::from_device("emulated", dev)
+        .await
+        .expect("a backend on it");
+    (Arc::new(backend), control)
 }
 
 fn pinned(backend: &Arc<VfioBackend>) -> Offload {
@@ -59,17 +64,20 @@ fn pinned(backend: &Arc<VfioBackend>) -> Offload {
 }
 
 #[test]
-fn many_tasks_on_vecs_and_device_buffers_match_the_cpu_past_the_ring() {
+fn many_tasks_on_vecs_and_device_buffers_fill_the_ring_then_all_complete() {
     local(async {
-        let backend = backend().await;
+        let (backend, control) = backend().await;
         let name = backend.name().to_owned();
         let offload = pinned(&backend);
         let session = Rc::new(offload.cipher(CipherAlg::Aes128Cbc, &KEY).await.unwrap());
-        // 1,500 requests at once: more than the 1,024-entry ring.
+        let idle_units = backend.dma_units_in_use();
+        // The device takes requests but answers none: 1,500 at once, more
+        // than the 1,024-entry ring, so the last wait for room.
+        control.hang(true);
         let tasks: Vec<_> = (0..1500usize)
             .map(|i| {
                 let session = session.clone();
-                let len = 16 * (1 + i % 64);
+                let len = 16 * (1 + i % 4);
                 let data: Vec<u8> = (0..len).map(|b| (b ^ i) as u8).collect();
                 let mut buf = if i % 2 == 0 {
                     offload.buffer(len)
@@ -84,10 +92,22 @@ fn many_tasks_on_vecs_and_device_buffers_match_the_cpu_past_the_ring() {
                 })
             })
             .collect();
+        let filled = Instant::now();
+        while backend.queue_full_count() == 0 && filled.elapsed() < Duration::from_secs(1) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let (in_flight, waits) = (backend.in_flight(), backend.queue_full_count());
+        // Released well within the requests' 2 s timeout.
+        control.hang(false);
+        assert!(waits > 0, "the ring never filled ({in_flight} in flight)");
+        assert!(
+            in_flight >= 1024,
+            "{in_flight} in flight with the ring full"
+        );
         let mut lent = 0;
         for t in tasks {
             let (data, on_device, out) = t.await.unwrap();
-            assert_eq!(out.to_vec(), cpu_cbc(&data));
+            assert_eq!(out.to_vec(), reference_cbc(&data));
             assert_eq!(
                 out.is_device_memory(),
                 on_device,
@@ -105,6 +125,7 @@ fn many_tasks_on_vecs_and_device_buffers_match_the_cpu_past_the_ring() {
         assert_eq!(stats.failures, 0, "requests failed over to the CPU");
         assert!(stats.requests >= 1500, "{}", stats.requests);
         assert_eq!(backend.in_flight(), 0);
+        assert_eq!(backend.dma_units_in_use(), idle_units, "DMA units leaked");
     });
 }
 
@@ -150,7 +171,7 @@ where
 #[ignore = "a measurement: cargo test --release -p crypto-offload --test vfio_emulated -- --ignored --nocapture"]
 fn offload_over_the_drivers_own_path() {
     local(async {
-        let backend = backend().await;
+        let (backend, _control) = backend().await;
         let dev = backend.driver_device().clone();
         dev.resume().unwrap();
         let drv = Rc::new(dev.cipher_session(CipherAlgo::AesCbc, &KEY).await.unwrap());

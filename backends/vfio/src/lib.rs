@@ -41,7 +41,8 @@ pub use session::{CipherSession, RequestTimeout, UNITS_IN_FLIGHT};
 /// A device over an emulated virtio-crypto device — a thread that plays
 /// the device over plain memory, as the driver's own tests use — so the
 /// layers above the driver (`crypto-offload`'s VFIO backend) can be tested
-/// and measured on a host without one. Not API: the `fuzzing` feature.
+/// and measured on a host without one; and the hold on it that injects a
+/// hang. Not API: the `fuzzing` feature.
 ///
 /// # Errors
 /// As [`CryptoDevice::open`]'s bring-up.
@@ -49,7 +50,21 @@ pub use session::{CipherSession, RequestTimeout, UNITS_IN_FLIGHT};
 /// # Panics
 /// Outside a tokio runtime with a timer (as the device's tasks need).
 #[cfg(feature = "fuzzing")]
-pub fn emulated_device() -> Result<CryptoDevice, Error> {
-    let (emulated, _handle) = emulated::Emulated::new(emulated::Setup::default());
-    CryptoDevice::start("emulated", Box::new(emulated))
+pub fn emulated_device() -> Result<(CryptoDevice, EmulatedControl), Error> {
+    let (emulated, handle) = emulated::Emulated::new(emulated::Setup::default());
+    let dev = CryptoDevice::start("emulated", Box::new(emulated))?;
+    Ok((dev, EmulatedControl(handle)))
+}
+
+/// The test's hold on an [`emulated_device`]. Not API.
+#[cfg(feature = "fuzzing")]
+pub struct EmulatedControl(emulated::Handle);
+
+#[cfg(feature = "fuzzing")]
+impl EmulatedControl {
+    /// While `on`, data requests are taken from the ring but not
+    /// completed; cleared, the device completes them.
+    pub fn hang(&self, on: bool) {
+        self.0.faults(|f| f.hang = on);
+    }
 }
