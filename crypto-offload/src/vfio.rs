@@ -208,6 +208,12 @@ impl VfioBackend {
         self.device.dma_units_in_use()
     }
 
+    /// Bytes of the device's DMA pool held by device-ready buffers
+    /// (`Offload::buffer`), in flight or not: 0 once every one is dropped.
+    pub fn buffer_bytes(&self) -> usize {
+        self.device.buffer_bytes()
+    }
+
     /// Times a submission found the device's queue full and waited for room
     /// (back-pressure: more requests were sent than it holds).
     pub fn queue_full_count(&self) -> u64 {

@@ -313,6 +313,25 @@ impl Tickets {
         Some(result)
     }
 
+    /// How many slots are in each state (for `CryptoDevice::diagnose`):
+    /// a `Done` slot holds its request's memory until its caller takes it.
+    pub(crate) fn diagnose(&self) -> String {
+        let (mut waiting, mut done, mut failed, mut abandoned) = (0, 0, 0, 0);
+        for slot in &self.slots {
+            match slot {
+                TicketState::Waiting { .. } => waiting += 1,
+                TicketState::Done(..) => done += 1,
+                TicketState::Failed(_) => failed += 1,
+                TicketState::Abandoned => abandoned += 1,
+                TicketState::Free => {}
+            }
+        }
+        format!(
+            "{} slots ({waiting} waiting, {done} done, {failed} failed, {abandoned} abandoned)",
+            self.slots.len()
+        )
+    }
+
     /// Whether `id` has its result (or is past its deadline).
     fn settled(&self, id: u32) -> bool {
         matches!(

@@ -15,6 +15,13 @@ impl CryptoDevice {
         self.inner.pool.units_in_use()
     }
 
+    /// Bytes of the DMA pool held by device-ready buffers
+    /// ([`CryptoDevice::try_buffer`]), in whole units, in flight or not:
+    /// 0 once every buffer is dropped.
+    pub fn buffer_bytes(&self) -> usize {
+        self.inner.pool.lent.load(Ordering::Acquire)
+    }
+
     /// Requests the device holds.
     pub fn in_flight(&self) -> usize {
         self.inner.data.in_flight() + self.inner.ctrl.in_flight()
@@ -65,12 +72,24 @@ impl CryptoDevice {
         for (name, q) in [("data", &self.inner.data), ("ctrl", &self.inner.ctrl)] {
             let state = q.lock();
             out += &format!(
-                "; {name} queue {}: {} pending, {}",
+                "; {name} queue {}: {} pending, tickets {}, {}",
                 q.index,
                 state.pending.len(),
+                state.tickets.diagnose(),
                 state.ring.diagnose()
             );
         }
+        out += &format!(
+            "; {} DMA units in use, {} buffers parked, {} sessions live{}",
+            self.inner.pool.units_in_use(),
+            self.parked_buffers(),
+            self.inner.sessions.load(Ordering::Acquire),
+            if self.is_suspended() {
+                ", suspended"
+            } else {
+                ""
+            }
+        );
         out
     }
 
