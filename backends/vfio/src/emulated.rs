@@ -68,6 +68,9 @@ pub(crate) struct Faults {
     /// none (VIRTQ_AVAIL_F_NO_INTERRUPT): by default the device honours
     /// the flag, as QEMU's does.
     pub(crate) ignore_no_interrupt: bool,
+    /// Control completions raise no interrupt (one lost, as seen from the
+    /// driver): only a look at the used ring finds them.
+    pub(crate) silent_control: bool,
 }
 
 /// What the emulated device saw.
@@ -375,7 +378,7 @@ fn serve(state: &mut State) -> bool {
             any |= if index == 0 {
                 complete(state, &ring, head)
             } else {
-                control(state, &ring, head)
+                control(state, &ring, head) && !state.faults.silent_control
             };
         }
         if index == 0

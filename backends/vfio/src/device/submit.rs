@@ -16,6 +16,13 @@ use crate::request::Chain;
 use crate::session::CipherSession;
 use crate::virtqueue::Segment;
 
+/// How often a control request waiting for its interrupt looks at the
+/// ring itself. Its completion otherwise has one path, the interrupt to
+/// the completion task (the data queue has pollers and a watchdog too):
+/// twice in CI under load a session's background destroy held its DMA
+/// unit past two 5 s control timeouts, as if the interrupt never came.
+const CONTROL_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl CryptoDevice {
     /// A cipher session: one device session per direction, with `key`.
     ///
@@ -116,8 +123,9 @@ impl DeviceState {
     }
 
     /// Submits `chain` (whose memory is all in `buf`) and waits for it on
-    /// the interrupt (control requests are rare; no polling), within the
-    /// control timeout.
+    /// the interrupt (control requests are rare; no spinning), looking at
+    /// the ring itself every [`CONTROL_LOOK_EVERY`] in case the interrupt
+    /// never comes, within the control timeout.
     async fn submit(
         &self,
         q: &Queue,
@@ -129,7 +137,14 @@ impl DeviceState {
             let mut ticket = q
                 .enqueue_one(self, &mut Some(buf), Chain::new(chain)?, None, None, None)
                 .await?;
-            ticket.sleep().await.map_err(|()| self.failure())
+            loop {
+                tokio::select! {
+                    r = ticket.sleep() => break r.map_err(|()| self.failure()),
+                    () = tokio::time::sleep(CONTROL_LOOK_EVERY) => {
+                        self.drain(q);
+                    }
+                }
+            }
         };
         tokio::time::timeout(limit, request)
             .await

@@ -606,6 +606,30 @@ async fn a_hung_control_queue_times_session_creation_out() {
     );
 }
 
+/// A control completion whose interrupt never comes (lost, as far as the
+/// driver can tell) is found by its waiter looking at the ring: opening
+/// and closing a session take far less than the 5 s control timeout, and
+/// the DMA memory comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_completion_whose_interrupt_is_lost_is_found_by_its_waiter() {
+    let (dev, handle) = open(Setup::default());
+    let idle = dev.dma_units_in_use();
+    handle.faults(|f| f.silent_control = true);
+    let started = std::time::Instant::now();
+    let s = dev
+        .cipher_session(CipherAlgo::AesCbc, &[1; 16])
+        .await
+        .unwrap();
+    s.close().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}: waited for the control timeout",
+        started.elapsed()
+    );
+    assert_eq!(dev.dma_units_in_use(), idle);
+    assert_eq!(dev.in_flight(), 0);
+}
+
 /// A burst on a hung device times out (its requests lost, their memory
 /// held until the device completes them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
