@@ -750,7 +750,23 @@ impl Drop for CipherSession {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 for id in ids {
-                    let _ = dev.destroy_session(algo, id).await;
+                    match dev.destroy_session(algo, id).await {
+                        Ok(()) => {}
+                        // A device that stopped answering control requests
+                        // (its memory stays with the request until it does).
+                        Err(e @ Error::Timeout(_)) => tracing::warn!(
+                            address = %dev.address,
+                            error = %e,
+                            "a dropped session's device session was not destroyed"
+                        ),
+                        // Suspended or gone meanwhile: its reset took the
+                        // device session with it.
+                        Err(e) => tracing::debug!(
+                            address = %dev.address,
+                            error = %e,
+                            "a dropped session's device session was not destroyed"
+                        ),
+                    }
                 }
             });
         }

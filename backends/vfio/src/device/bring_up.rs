@@ -199,6 +199,14 @@ impl DeviceState {
         let Some(hw) = guard.as_ref() else {
             return Err(Error::Gone);
         };
+        // Before the reset, which would strand them unfailed.
+        for q in [&self.data, &self.ctrl] {
+            if !q.lock().pending.is_empty() {
+                return Err(Error::Device(
+                    "requests in flight across a power cycle".into(),
+                ));
+            }
+        }
         hw.reset()?;
         hw.add_status(ACKNOWLEDGE | DRIVER)?;
         let offered = hw.device_features()?;
@@ -208,11 +216,6 @@ impl DeviceState {
         hw.set_config_vector(NO_VECTOR)?;
         for q in [&self.data, &self.ctrl] {
             let mut state = q.lock();
-            if !state.pending.is_empty() {
-                return Err(Error::Device(
-                    "requests in flight across a power cycle".into(),
-                ));
-            }
             state.ring.reset()?;
             state
                 .ring
