@@ -7,11 +7,14 @@
 //! (queue depth). Per backend it keeps the resume latency and the requests
 //! in flight. It is seeded by [`Offload::calibrate`](crate::Offload::calibrate)
 //! (a bounded measurement) or a saved [`Profile`], and corrected online: each
-//! completion's observed latency moves a correction factor (an exponentially
-//! weighted moving average), so a backend that slows down or speeds up is
-//! followed within a few dozen requests.
+//! completion's observed latency over the prediction moves a correction
+//! factor ([`Level`]): an exponentially weighted moving average of the
+//! samples clamped to a band around it, so that one outlier barely moves it,
+//! and a run of samples all beyond the band — a load swing starting or
+//! ending — moves it to the new level at once rather than averaging
+//! through the shift.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -240,14 +243,110 @@ pub(crate) struct Entry {
     /// than one, and how many is a matter of load, not of one calibration.
     servers: AtomicF64,
     /// Observed latency over predicted, smoothed; multiplies the latency.
-    correction: AtomicF64,
+    correction: Level,
     samples: AtomicU64,
     /// The same per size class ([`size_class`]): a linear model's error
     /// is not one factor at every size, and two backends within a few per
     /// cent at one size are told apart only by what was seen at that size.
     /// A class with no sample yet falls back to `correction`.
-    class_correction: [AtomicF64; SIZE_CLASSES],
+    class_correction: [Level; SIZE_CLASSES],
     class_samples: [AtomicU64; SIZE_CLASSES],
+}
+
+/// How far (a factor either way) a sample may stray from the correction
+/// before it counts as a sign of a shift rather than as noise. Beyond it a
+/// sample is clamped to the band's edge, so one outlier (a 20× slow
+/// completion: a page fault, a preempted thread) moves the correction by at
+/// most [`EWMA_WEIGHT`] × (`SHIFT_BAND` − 1), 5%, where the bare average
+/// moved it 190% and could flip a choice that nothing then put back. ±30%
+/// of jitter stays inside it.
+pub(crate) const SHIFT_BAND: f64 = 1.5;
+
+/// Consecutive samples slower than the band after which the correction
+/// moves to the least slow of them: a load swing (measured in a QEMU guest
+/// on a loaded host, the engines and the CPU 2–3× slower for a while) is
+/// followed within this many completions instead of the ~7 the average
+/// took to cross half of it, and an outlier among them does not set the
+/// new level.
+pub(crate) const SHIFT_UP_RUN: i32 = 3;
+
+/// Consecutive samples faster than the band after which the correction
+/// moves to the least fast of them. Fewer than [`SHIFT_UP_RUN`]: a
+/// correction too low corrects itself (the backend is chosen, every
+/// request of it observed, and a slow run puts it back), one too high does
+/// not (a backend not chosen is observed only by the selector's probes,
+/// one decision in 32), so the evidence asked for the recovery is less.
+pub(crate) const SHIFT_DOWN_RUN: i32 = 2;
+
+/// A correction factor learned from samples of observed over predicted
+/// latency: the average of [`EWMA_WEIGHT`] over samples clamped to
+/// [`SHIFT_BAND`], with shift detection (a run of samples all beyond the
+/// band on one side moves it there at once). Atomics only, like the bare
+/// average it replaces: concurrent completions may interleave their reads
+/// and writes, which loses or shortens a run now and then — the shift is
+/// then detected a sample later — and never leaves a value outside what
+/// one of them would have written.
+#[derive(Debug, Default)]
+pub(crate) struct Level {
+    value: AtomicF64,
+    /// Consecutive samples beyond the band: positive slower, negative
+    /// faster, 0 after one within it.
+    run: AtomicI32,
+    /// The run's least extreme sample: its smallest when slower, its
+    /// largest when faster (what the new level is, robustly: the whole run
+    /// says at least that much).
+    edge: AtomicF64,
+}
+
+impl Level {
+    /// The factor, 0 when never set.
+    pub(crate) fn get(&self) -> f64 {
+        self.value.get()
+    }
+
+    /// Starts over at `v`.
+    pub(crate) fn reset(&self, v: f64) {
+        self.value.set(v);
+        self.run.store(0, Ordering::Relaxed);
+    }
+
+    /// Folds in one sample `ratio` (observed over predicted), the factor
+    /// being `c` before it (the class's falls back to the entry's).
+    pub(crate) fn observe(&self, c: f64, ratio: f64) {
+        let run = self.run.load(Ordering::Relaxed);
+        let (run, edge) = if ratio > c * SHIFT_BAND {
+            let run = run.max(0) + 1;
+            (
+                run,
+                if run == 1 {
+                    ratio
+                } else {
+                    self.edge.get().min(ratio)
+                },
+            )
+        } else if ratio * SHIFT_BAND < c {
+            let run = run.min(0) - 1;
+            (
+                run,
+                if run == -1 {
+                    ratio
+                } else {
+                    self.edge.get().max(ratio)
+                },
+            )
+        } else {
+            (0, ratio)
+        };
+        if run >= SHIFT_UP_RUN || -run >= SHIFT_DOWN_RUN {
+            // A shift: the run says the level moved, and at least how far.
+            self.reset(edge);
+            return;
+        }
+        self.edge.set(edge);
+        self.run.store(run, Ordering::Relaxed);
+        let sample = ratio.clamp(c / SHIFT_BAND, c * SHIFT_BAND);
+        self.value.set(c + EWMA_WEIGHT * (sample - c));
+    }
 }
 
 /// Size classes of the corrections: powers of four from 256 B (below: class
@@ -292,9 +391,10 @@ impl Entry {
         self.operation_len
             .store(c.operation_len.max(1), Ordering::Relaxed);
         self.op_fixed.set(c.op_fixed_ns.unwrap_or(-1.0));
-        self.correction.set(1.0);
-        for n in &self.class_samples {
+        self.correction.reset(1.0);
+        for (n, c) in self.class_samples.iter().zip(&self.class_correction) {
             n.store(0, Ordering::Relaxed);
+            c.reset(1.0);
         }
         self.calibrated.store(true, Ordering::Release);
     }
@@ -350,10 +450,9 @@ impl Entry {
         // The class starts from what all sizes say, then follows its own.
         let class = size_class(len);
         let c = self.correction_at(len);
-        self.class_correction[class].set(c + EWMA_WEIGHT * (ratio - c));
+        self.class_correction[class].observe(c, ratio);
         self.class_samples[class].fetch_add(1, Ordering::Relaxed);
-        let c = self.correction();
-        self.correction.set(c + EWMA_WEIGHT * (ratio - c));
+        self.correction.observe(self.correction(), ratio);
         self.samples.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -588,6 +687,35 @@ mod tests {
         assert!((e.correction_at(16 << 10) - 1.2).abs() < 0.01);
         // A class never seen takes the correction over all sizes.
         assert_eq!(e.correction_at(1 << 20), e.correction());
+    }
+
+    #[test]
+    fn an_outlier_barely_moves_a_correction_and_a_run_moves_it_at_once() {
+        let l = Level::default();
+        l.reset(1.0);
+        // One 20× sample: clamped to the band, 5%.
+        l.observe(l.get(), 20.0);
+        assert!((l.get() - 1.05).abs() < 1e-9, "{}", l.get());
+        // Within the band: the plain average.
+        l.observe(l.get(), 1.05);
+        assert!((l.get() - 1.05).abs() < 1e-9);
+        // Three slower than the band in a row: the least slow of them.
+        for r in [3.5, 2.6, 20.0] {
+            l.observe(l.get(), r);
+        }
+        assert_eq!(l.get(), 2.6);
+        // A sample within the band breaks a run: two slow, one normal, two
+        // slow is no shift.
+        for r in [2.6, 8.0, 8.0, 2.6, 8.0, 8.0] {
+            l.observe(l.get(), r);
+        }
+        assert!(l.get() < 4.0, "{}", l.get());
+        l.reset(3.0);
+        // Faster: two in a row suffice, and the new level is the least fast.
+        l.observe(l.get(), 0.9);
+        assert!(l.get() < 3.0 && l.get() > 2.8, "{}", l.get());
+        l.observe(l.get(), 1.2);
+        assert_eq!(l.get(), 1.2);
     }
 
     #[test]
