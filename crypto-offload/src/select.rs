@@ -181,9 +181,22 @@ pub(crate) struct Prediction {
     /// service time, and is left out of the model (the resume has its own
     /// measurement, taken by the power domain).
     pub(crate) cold: bool,
-    /// Sent to a runner-up to correct its model ([`runner_up`]): always
+    /// Sent to a runner-up to correct its model ([`runner_up`]), or a CPU
+    /// choice the model weighed and samples ([`TIME_CPU_EVERY`]): always
     /// timed, even on the CPU's inline path, which times one request in 64.
     pub(crate) explored: bool,
+    /// The correction applied to the service time: what a probe of a
+    /// backend slowed by a load swing looks past ([`runner_up`]).
+    pub(crate) correction: f64,
+}
+
+impl Prediction {
+    /// The latency as predicted were the backend no slower than
+    /// calibrated (its correction at most 1): what it would cost once a
+    /// load swing that slowed it is over.
+    fn unslowed(&self) -> f64 {
+        self.latency - self.expected * (self.correction - 1.0).max(0.0)
+    }
 }
 
 /// Where a request runs, with the prediction when the choice was made from
@@ -245,7 +258,8 @@ pub(crate) fn predict(slots: &Slots, id: SlotId, req: &Request) -> Result<Predic
     } else {
         0.0
     };
-    let service = base * entry.correction_at(len) + handoff;
+    let correction = entry.correction_at(len);
+    let service = base * correction + handoff;
     let queued = model.in_flight.load(Ordering::Relaxed) as f64;
     let servers = if id.is_cpu() {
         slots.cores as f64
@@ -271,6 +285,7 @@ pub(crate) fn predict(slots: &Slots, id: SlotId, req: &Request) -> Result<Predic
         servers,
         cold,
         explored: false,
+        correction,
     })
 }
 
@@ -307,11 +322,29 @@ fn rent_or_explore(slots: &Slots, p: Prediction, req: &Request, turn: Option<u32
     if let Some(turn) = turn {
         p = runner_up(slots, p, req, turn).unwrap_or(p);
     }
+    if p.slot.is_cpu() && !p.explored {
+        thread_local! {
+            static TICK: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+        }
+        p.explored = nth_call(&TICK, TIME_CPU_EVERY).is_some();
+    }
     (p.slot, Some(p))
 }
 
+/// One CPU request in this many of those the model weighed against an
+/// engine is timed into the CPU's model (the inline path times one in 64
+/// of all). The CPU's correction learns only from timed requests, and a
+/// CPU slowed by a hog must be seen within a few dozen requests to give
+/// way to an engine: at one in 64 the three slow samples that move it
+/// ([`SHIFT_UP_RUN`](crate::cost::SHIFT_UP_RUN)) took ~190 requests. A
+/// weighed request is one an engine could win, so it takes at least an
+/// engine's fixed latency (µs): two clock reads (~50 ns) on one in 8 are
+/// well under 1% of it.
+const TIME_CPU_EVERY: u32 = 8;
+
 /// A warm backend other than `chosen` predicted within [`EXPLORE_WITHIN`]
-/// of it — the `turn`th of them, so that every one is tried in turn. A
+/// of it, or that would be were it no slower than calibrated (a probe:
+/// see below) — the `turn`th of them, so that every one is tried in turn. A
 /// backend's correction learns only from the requests it serves, so without
 /// this the one a calibration happened to favour keeps every request of a
 /// size while a near-equal rival's model is never put right (measured in
@@ -320,13 +353,23 @@ fn rent_or_explore(slots: &Slots, p: Prediction, req: &Request, turn: Option<u32
 /// CPU, third, was never re-measured at 16 KiB, 0.93). One request in
 /// [`EXPLORE_EVERY`] of such near ties goes to a rival, costing at most
 /// `(EXPLORE_WITHIN - 1) / EXPLORE_EVERY` (under 1%) while it lasts.
+///
+/// A backend that a load swing slowed (its correction above 1) is probed
+/// the same way when only its correction keeps it out of reach: without
+/// it, a backend that looked slow during a swing was never sent a request
+/// again, and its model never saw the swing end (measured in a QEMU guest
+/// on a loaded host: Auto at 0.68–0.75 of the oracle). Such a probe costs
+/// at most what the swing adds to one request in [`EXPLORE_EVERY`] (a 3×
+/// swing on an engine that won by 1.7×: 2% while it lasts); two probes
+/// that find it back ([`SHIFT_DOWN_RUN`](crate::cost::SHIFT_DOWN_RUN))
+/// put its correction back.
 fn runner_up(slots: &Slots, chosen: Prediction, req: &Request, turn: u32) -> Option<Prediction> {
     let near = || {
         slots
             .ids()
             .filter(move |&id| id != chosen.slot)
             .filter_map(move |id| predict(slots, id, req).ok())
-            .filter(move |p| !p.cold && p.latency <= chosen.latency * EXPLORE_WITHIN)
+            .filter(move |p| !p.cold && p.unslowed() <= chosen.latency * EXPLORE_WITHIN)
     };
     let n = near().count();
     if n == 0 {

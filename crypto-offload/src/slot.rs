@@ -284,8 +284,12 @@ impl Slots {
 
     /// Recomputes, for table entry `k`, the request length under which the
     /// CPU wins under the Latency policy without weighing the engines: its
-    /// corrected latency is below every engine's corrected fixed latency
-    /// (which queueing and resumes only add to). Breakers are not consulted
+    /// corrected latency is below every engine's fixed latency (which
+    /// queueing and resumes only add to), corrected where the engine is
+    /// faster than calibrated but not where it is slower — an engine slowed
+    /// by a load swing must still be weighed where it would win without it,
+    /// or the selector's probes (`select::runner_up`) never reach it and
+    /// its model never sees the swing end. Breakers are not consulted
     /// — an engine behind one only makes the CPU's win surer — so the bound
     /// needs no update when they open or close; it follows every change of
     /// a cost or a correction instead.
@@ -300,7 +304,7 @@ impl Slots {
                     .filter(|s| s.runs(alg))
                     .filter_map(|s| {
                         let e = &s.model.entries[k];
-                        e.cost().map(|ec| ec.fixed_ns * e.correction())
+                        e.cost().map(|ec| ec.fixed_ns * e.correction().min(1.0))
                     })
                     .fold(f64::INFINITY, f64::min);
                 let room = engines / cpu.correction() - c.fixed_ns;
