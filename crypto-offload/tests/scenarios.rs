@@ -738,3 +738,171 @@ async fn every_near_rival_is_tried_the_cpu_included() {
         choice_before_and_after(12.0, &[("a", 10.0, 10), ("b", 11.0, 11)], 300).await;
     assert_eq!((before.as_str(), after.as_str()), ("a", "cpu"), "{why}");
 }
+
+/// A simulated engine whose requests take `slowdown` times as long (a load
+/// swing on its host): each request waits the extra on tokio's clock after
+/// the engine completes it. `crypto-offload-sim` has no speed to change
+/// at run time; this wraps it through the public `Backend` API.
+#[derive(Debug)]
+struct Swung {
+    sim: SimEngine,
+    latency: Duration,
+    slowdown: Arc<std::sync::atomic::AtomicU32>,
+}
+
+struct SwungCipher {
+    inner: Box<dyn crypto_offload::backend::CipherContext>,
+    latency: Duration,
+    slowdown: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl SwungCipher {
+    async fn swing(&self) {
+        let factor = self.slowdown.load(std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(self.latency * factor.saturating_sub(1)).await;
+    }
+}
+
+#[crypto_offload::backend::async_trait]
+impl crypto_offload::backend::CipherContext for SwungCipher {
+    async fn encrypt(
+        &self,
+        params: crypto_offload::backend::CipherParams,
+        buf: crypto_offload::backend::IoBuf,
+    ) -> Result<crypto_offload::backend::IoBuf, crypto_offload::backend::Failed> {
+        let out = self.inner.encrypt(params, buf).await;
+        self.swing().await;
+        out
+    }
+    async fn decrypt(
+        &self,
+        params: crypto_offload::backend::CipherParams,
+        buf: crypto_offload::backend::IoBuf,
+    ) -> Result<crypto_offload::backend::IoBuf, crypto_offload::backend::Failed> {
+        let out = self.inner.decrypt(params, buf).await;
+        self.swing().await;
+        out
+    }
+}
+
+#[crypto_offload::backend::async_trait]
+impl crypto_offload::backend::Backend for Swung {
+    fn name(&self) -> &str {
+        self.sim.name()
+    }
+    fn kind(&self) -> crypto_offload::BackendKind {
+        self.sim.kind()
+    }
+    fn limits(&self, alg: Algorithm) -> Option<crypto_offload::backend::Limits> {
+        self.sim.limits(alg)
+    }
+    async fn open_cipher(
+        &self,
+        alg: CipherAlg,
+        key: &crypto_offload::backend::SecretKey,
+    ) -> Result<
+        Box<dyn crypto_offload::backend::CipherContext>,
+        crypto_offload::backend::BackendError,
+    > {
+        Ok(Box::new(SwungCipher {
+            inner: self.sim.open_cipher(alg, key).await?,
+            latency: self.latency,
+            slowdown: self.slowdown.clone(),
+        }))
+    }
+    async fn open_aead(
+        &self,
+        alg: crypto_offload::AeadAlg,
+        key: &crypto_offload::backend::SecretKey,
+    ) -> Result<Box<dyn crypto_offload::backend::AeadContext>, crypto_offload::backend::BackendError>
+    {
+        self.sim.open_aead(alg, key).await
+    }
+    async fn open_crc(
+        &self,
+        alg: CrcAlg,
+    ) -> Result<Box<dyn crypto_offload::backend::CrcContext>, crypto_offload::backend::BackendError>
+    {
+        self.sim.open_crc(alg).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_slowed_by_a_load_swing_is_left_and_found_again_once_it_ends() {
+    // Engine `a` (1 ms a request) beats `b` (2 ms); the CPU, profiled at
+    // 100 ms, is out of the running. A swing makes `a` 3× slower for 300
+    // requests: Auto must leave it within 5 requests, and come back within
+    // 64 once it ends — by probing it, since nothing else is sent there.
+    use crypto_offload::backend::Backend as _;
+    let slowdown = Arc::new(std::sync::atomic::AtomicU32::new(1));
+    let engine = |name: &str, ms: u64| {
+        let mut c = xts_engine(name, Duration::from_millis(ms));
+        c.timer = SimTimer::Tokio;
+        SimEngine::new(c)
+    };
+    let a = Swung {
+        sim: engine("a", 1),
+        latency: Duration::from_millis(1),
+        slowdown: slowdown.clone(),
+    };
+    assert_eq!(a.name(), "a");
+    let entry = |backend: &str, ms: f64| {
+        format!(
+            "[[entry]]\nbackend = \"{backend}\"\nalg = \"aes-256-xts\"\ndir = \"encrypt\"\n\
+             fixed_ns = {:?}\nper_byte_ns = 0.0\ncpu_fixed_ns = 0.0\n\
+             cpu_per_byte_ns = 0.0\nparallelism = 1\nresume_ns = 0.0\n",
+            ms * 1e6
+        )
+    };
+    let profile = entry("cpu", 100.0) + &entry("a", 1.0) + &entry("b", 2.0);
+    let offload = Offload::builder()
+        .backend(Arc::new(a))
+        .backend(Arc::new(engine("b", 2)))
+        .profile(crypto_offload::Profile::from_toml(&profile).unwrap())
+        .build()
+        .unwrap();
+    let s = offload
+        .cipher(CipherAlg::Aes256Xts, &key(64))
+        .await
+        .unwrap();
+    let len = 4096;
+    let why = || offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len);
+    let mut stream = (vec![0u8; len], 0u128);
+    assert_eq!(
+        requests_until(&s, &mut stream, "a", 100).await,
+        Some(1),
+        "{}",
+        why()
+    );
+    slowdown.store(3, std::sync::atomic::Ordering::Relaxed);
+    let left = requests_until(&s, &mut stream, "b", 5).await;
+    assert!(left.is_some(), "{}", why());
+    // The swing lasts: `b` throughout (the probes of `a` see it slow).
+    let stayed = requests_until(&s, &mut stream, "a", 300).await;
+    assert_eq!(stayed, None, "{}", why());
+    slowdown.store(1, std::sync::atomic::Ordering::Relaxed);
+    let back = requests_until(&s, &mut stream, "a", 64).await;
+    assert!(back.is_some(), "{}", why());
+}
+
+/// Sends requests of `stream`'s buffer (its IVs counted in it) until the
+/// session's next one would go to `want`: how many, if at most `limit`.
+async fn requests_until(
+    s: &crypto_offload::CipherSession,
+    (buf, i): &mut (Vec<u8>, u128),
+    want: &str,
+    limit: u32,
+) -> Option<u32> {
+    let len = buf.len();
+    for n in 1..=limit {
+        *i += 1;
+        *buf = s
+            .encrypt(&i.to_le_bytes(), std::mem::take(buf))
+            .await
+            .unwrap();
+        if s.backend_for(Direction::Encrypt, len) == want {
+            return Some(n);
+        }
+    }
+    None
+}

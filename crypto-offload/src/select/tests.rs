@@ -433,3 +433,228 @@ fn explain_names_every_exclusion() {
         Some("sessions are pinned to cpu")
     );
 }
+
+/// Latency decisions for one request size, driven as the request pipeline
+/// drives them, with each backend taking a chosen factor of its
+/// calibrated time (a load swing) times seeded jitter: an engine's
+/// completion is observed every time, a CPU request when the selector
+/// marks it (`explored`) or one in 64 (the inline path's sampling); an
+/// exploration turn comes every [`EXPLORE_EVERY`]th weighed decision.
+struct Traffic {
+    slots: Slots,
+    req: Request,
+    /// Weighed decisions so far (the exploration tick).
+    weighed: u32,
+    /// CPU requests so far (the inline path's sampling tick).
+    inline: u32,
+    rng: u64,
+    jitter: f64,
+}
+
+impl Traffic {
+    /// The CPU ([`cpu_cost`]) and engine `e` at `engine` for `len`-byte
+    /// CBC requests, with ±`jitter` on every completion.
+    fn new(engine: Cost, len: usize, jitter: f64, seed: u64) -> Self {
+        let slots = slots(Policy::Latency, None, vec![self::engine("e")]);
+        slots.set_cost(SlotId::CPU, CBC, ENC, cpu_cost());
+        slots.set_cost(id(&slots, "e"), CBC, ENC, engine);
+        Traffic {
+            slots,
+            req: req(CBC, len),
+            weighed: 0,
+            inline: 0,
+            rng: seed | 1,
+            jitter,
+        }
+    }
+
+    /// A factor in 1 ± jitter (xorshift64*).
+    fn noise(&mut self) -> f64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let u = (self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64;
+        1.0 + self.jitter * (2.0 * u - 1.0)
+    }
+
+    /// The backend the next request goes to, exploration aside.
+    fn choice(&self) -> &str {
+        name(&self.slots, choose(&self.slots, &self.req))
+    }
+
+    /// One request, the CPU taking `cpu` times its calibrated time and the
+    /// engine `engine` times its own (each with jitter), and `outlier` times
+    /// that again: the slot whose model observed it, if one did.
+    fn request_with(&mut self, cpu: f64, engine: f64, outlier: f64) -> Option<SlotId> {
+        let mut weighed = self.weighed;
+        let (slot, p) = decide(&self.slots, &self.req, || {
+            weighed += 1;
+            weighed
+                .is_multiple_of(EXPLORE_EVERY)
+                .then_some(weighed / EXPLORE_EVERY)
+        });
+        self.weighed = weighed;
+        let len = self.req.len;
+        let calibrated = self.slots[slot]
+            .model
+            .entry(CBC, ENC)
+            .cost()
+            .unwrap()
+            .latency_ns(len);
+        let slow = if slot.is_cpu() { cpu } else { engine };
+        let observed = calibrated * slow * self.noise() * outlier;
+        if slot.is_cpu() {
+            self.inline += 1;
+            let timed = p.is_some_and(|p| p.explored) || self.inline.is_multiple_of(64);
+            if timed {
+                let base = p.map_or(calibrated, |p| p.base);
+                self.slots.observe(slot, CBC, ENC, len, base, observed);
+                return Some(slot);
+            }
+        } else if let Some(p) = p {
+            self.slots
+                .observe(slot, CBC, ENC, len, p.expected, observed);
+            return Some(slot);
+        }
+        None
+    }
+
+    fn request(&mut self, cpu: f64, engine: f64) {
+        let _ = self.request_with(cpu, engine, 1.0);
+    }
+
+    /// Requests (at most `limit`) until the choice is `want`, with the
+    /// backends slowed so.
+    fn until(&mut self, want: &str, cpu: f64, engine: f64, limit: u32) -> Option<u32> {
+        (1..=limit).find(|_| {
+            self.request(cpu, engine);
+            self.choice() == want
+        })
+    }
+
+    /// Changes of choice over `n` requests with the backends slowed so.
+    fn switches(&mut self, n: u32, cpu: f64, engine: f64) -> u32 {
+        let mut last = self.choice().to_owned();
+        let mut switches = 0;
+        for _ in 0..n {
+            self.request(cpu, engine);
+            if self.choice() != last {
+                switches += 1;
+                last = self.choice().to_owned();
+            }
+        }
+        switches
+    }
+}
+
+/// An engine that beats the CPU by 1.74× at 64 KiB (37.8 µs against 65.6
+/// µs), so that a 3× swing of either reverses the choice there.
+fn swing_engine() -> Cost {
+    Cost::new(5_000.0, 0.5, 2_000.0, 0.0, 1)
+}
+
+/// An engine the CPU beats by 1.43× at 8 KiB (11.8 µs against 8.3 µs),
+/// its fixed cost far below the CPU's there: 8 KiB requests are weighed,
+/// not sent to the CPU by its bound.
+fn losing_engine() -> Cost {
+    Cost::new(2_000.0, 1.2, 2_000.0, 0.0, 1)
+}
+
+#[test]
+fn an_engine_slowed_3x_by_a_load_swing_loses_within_5_requests_and_wins_back_within_64() {
+    let mut t = Traffic::new(swing_engine(), 64 << 10, 0.2, 1);
+    assert_eq!(t.switches(300, 1.0, 1.0), 0, "quiet: the engine throughout");
+    assert_eq!(t.choice(), "e");
+    // The swing: the engine 3× slower (the CPU now wins by 1.7×). Every
+    // engine completion is observed; three beyond the band move it.
+    let moved = t.until("cpu", 1.0, 3.0, 5);
+    assert!(
+        moved.is_some(),
+        "still on the engine: {}",
+        explain(&t.slots, CBC, ENC, 64 << 10)
+    );
+    assert_eq!(
+        t.switches(500, 1.0, 3.0),
+        0,
+        "the CPU while the swing lasts"
+    );
+    // It ends. The engine, no longer chosen, is seen only by the probes
+    // (one weighed decision in 32); two that find it back restore it.
+    let back = t.until("e", 1.0, 1.0, 64);
+    assert!(
+        back.is_some(),
+        "not back on the engine: {}",
+        explain(&t.slots, CBC, ENC, 64 << 10)
+    );
+    assert_eq!(t.switches(300, 1.0, 1.0), 0, "and it stays there");
+}
+
+#[test]
+fn a_cpu_slowed_3x_by_a_hog_gives_way_within_24_requests_and_wins_back_within_64() {
+    let mut t = Traffic::new(losing_engine(), 8 << 10, 0.2, 2);
+    assert_eq!(t.switches(300, 1.0, 1.0), 0, "quiet: the CPU throughout");
+    assert_eq!(t.choice(), "cpu");
+    // A hog takes the cores: the CPU 3× slower, the engine unaffected.
+    // One weighed CPU request in 8 is timed; three slow ones move it.
+    let moved = t.until("e", 3.0, 1.0, 24);
+    assert!(
+        moved.is_some(),
+        "still on the CPU: {}",
+        explain(&t.slots, CBC, ENC, 8 << 10)
+    );
+    assert_eq!(
+        t.switches(500, 3.0, 1.0),
+        0,
+        "the engine while the hog runs"
+    );
+    let back = t.until("cpu", 1.0, 1.0, 64);
+    assert!(
+        back.is_some(),
+        "not back on the CPU: {}",
+        explain(&t.slots, CBC, ENC, 8 << 10)
+    );
+    assert_eq!(t.switches(300, 1.0, 1.0), 0, "and it stays there");
+}
+
+#[test]
+fn a_single_20x_slow_completion_does_not_flip_the_choice() {
+    // On the engine, which is observed every time.
+    let mut t = Traffic::new(swing_engine(), 64 << 10, 0.2, 3);
+    assert_eq!(t.switches(100, 1.0, 1.0), 0);
+    assert_eq!(t.request_with(1.0, 1.0, 20.0), Some(id(&t.slots, "e")));
+    assert_eq!(t.choice(), "e", "{}", explain(&t.slots, CBC, ENC, 64 << 10));
+    assert_eq!(t.switches(300, 1.0, 1.0), 0);
+    // On the CPU: every request until the next timed one is 20× slow.
+    let mut t = Traffic::new(losing_engine(), 8 << 10, 0.2, 4);
+    assert_eq!(t.switches(100, 1.0, 1.0), 0);
+    while t.request_with(1.0, 1.0, 20.0).is_none() {}
+    assert_eq!(
+        t.choice(),
+        "cpu",
+        "{}",
+        explain(&t.slots, CBC, ENC, 8 << 10)
+    );
+    assert_eq!(t.switches(300, 1.0, 1.0), 0);
+}
+
+#[test]
+fn jitter_of_30_percent_does_not_make_the_choice_flap() {
+    // Near ties (1.25× at 16 KiB, 1.43× at 8 KiB) with every completion
+    // ±30%, a seeded stream: not one change of choice in 3,000 requests.
+    for (engine, len, want) in [
+        (swing_engine(), 16 << 10, "e"),
+        (losing_engine(), 8 << 10, "cpu"),
+    ] {
+        for seed in 10..14 {
+            let mut t = Traffic::new(engine, len, 0.3, seed);
+            assert_eq!(t.choice(), want);
+            let switches = t.switches(3_000, 1.0, 1.0);
+            assert_eq!(
+                switches,
+                0,
+                "{len} B, seed {seed}: {}",
+                explain(&t.slots, CBC, ENC, len)
+            );
+        }
+    }
+}
