@@ -617,6 +617,25 @@ fn a_cpu_slowed_3x_by_a_hog_gives_way_within_24_requests_and_wins_back_within_64
 }
 
 #[test]
+fn an_engine_slowed_past_the_cpu_bound_is_still_probed_and_wins_back_within_64() {
+    // At 16 KiB the engine wins by 1.25×. Slowed 5×, its fixed cost alone
+    // (25 µs) is more than the CPU's whole request (16.5 µs): were the CPU
+    // bound to count the slowdown, 16 KiB requests would go to the CPU
+    // unweighed, the engine never be probed, and never win back.
+    let mut t = Traffic::new(swing_engine(), 16 << 10, 0.2, 5);
+    assert_eq!(t.choice(), "e");
+    assert!(t.until("cpu", 1.0, 5.0, 5).is_some());
+    assert_eq!(t.switches(500, 1.0, 5.0), 0);
+    assert!(t.slots.cpu_bound(CBC, ENC) < 16 << 10);
+    let back = t.until("e", 1.0, 1.0, 64);
+    assert!(
+        back.is_some(),
+        "not back on the engine: {}",
+        explain(&t.slots, CBC, ENC, 16 << 10)
+    );
+}
+
+#[test]
 fn a_single_20x_slow_completion_does_not_flip_the_choice() {
     // On the engine, which is observed every time.
     let mut t = Traffic::new(swing_engine(), 64 << 10, 0.2, 3);
