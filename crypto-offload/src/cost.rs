@@ -263,11 +263,10 @@ pub(crate) struct Entry {
 pub(crate) const SHIFT_BAND: f64 = 1.5;
 
 /// Consecutive samples slower than the band after which the correction
-/// moves to the least slow of them: a load swing (measured in a QEMU guest
-/// on a loaded host, the engines and the CPU 2–3× slower for a while) is
-/// followed within this many completions instead of the ~7 the average
-/// took to cross half of it, and an outlier among them does not set the
-/// new level.
+/// moves to the least slow of them: a load swing (on a loaded host, in a
+/// QEMU guest, Auto read 0.68–0.75 of the oracle) is followed within this
+/// many completions instead of the 7 the average took to cross two thirds
+/// of a 3× one, and an outlier among them does not set the new level.
 pub(crate) const SHIFT_UP_RUN: i32 = 3;
 
 /// Consecutive samples faster than the band after which the correction
