@@ -42,6 +42,11 @@ pub struct BenchArgs {
     /// Plot throughput against size (with break-evens marked) to FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+    /// Fail (exit non-zero) unless the model finds a break-even for every
+    /// algorithm an engine here runs: the check of a machine whose engines
+    /// are meant to win somewhere (the weak-CPU guest).
+    #[arg(long)]
+    pub expect_break_even: bool,
 }
 
 /// How long one measuring round of a target lasts (at least one request).
@@ -100,6 +105,60 @@ pub struct AlgBench {
     pub auto_over_oracle_rounds: Vec<usize>,
     /// Smallest size at which Auto leaves the CPU (from the model).
     pub break_even: Option<usize>,
+    /// Where the measured crossover lies: `(cpu, engine)`, the largest
+    /// size the CPU won and the next measured size, from which an engine
+    /// won every larger size (`cpu` 0 when an engine won them all); `None`
+    /// when the CPU won the largest size.
+    pub measured_crossover: Option<(usize, usize)>,
+}
+
+/// The measured crossover of `backends` over `sizes` (see
+/// [`AlgBench::measured_crossover`]): by each size's best throughput, the
+/// CPU's (`cpu_name`) against the best engine's.
+pub fn measured_crossover(
+    sizes: &[usize],
+    backends: &[Series],
+    cpu_name: &str,
+) -> Option<(usize, usize)> {
+    let best = |i: usize, cpu: bool| {
+        backends
+            .iter()
+            .filter(|s| (s.backend == cpu_name) == cpu)
+            .filter_map(|s| s.points.get(i)?.as_ref().map(|p| p.throughput))
+            .reduce(f64::max)
+    };
+    let engine_wins = |i: usize| match (best(i, false), best(i, true)) {
+        (Some(e), Some(c)) => Some(e > c),
+        _ => None,
+    };
+    // From the largest measured size down, while the engine keeps winning.
+    let measured: Vec<usize> = (0..sizes.len())
+        .filter(|&i| engine_wins(i).is_some())
+        .collect();
+    let mut first = None;
+    for &i in measured.iter().rev() {
+        if engine_wins(i) == Some(true) {
+            first = Some(i);
+        } else {
+            break;
+        }
+    }
+    let first = first?;
+    let below = measured
+        .iter()
+        .rev()
+        .find(|&&i| i < first)
+        .map(|&i| sizes[i]);
+    Some((below.unwrap_or(0), sizes[first]))
+}
+
+/// Whether the predicted break-even `predicted` lies within 2x of a
+/// crossover in `(cpu, engine]`: some size in that interval is within a
+/// factor two of it.
+pub fn within_twice(predicted: usize, (cpu, engine): (usize, usize)) -> bool {
+    let p = predicted as f64;
+    // The interval (cpu, engine] meets [p/2, 2p].
+    (engine as f64) >= p / 2.0 && (cpu as f64) < 2.0 * p
 }
 
 fn parse_size(s: &str) -> Result<usize, Error> {
@@ -517,7 +576,11 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
             auto_over_oracle: ratio,
             auto_over_oracle_rounds: ratio_rounds,
             break_even: auto.break_even(alg, Direction::Encrypt),
+            measured_crossover: None,
         });
+        if let Some(r) = results.last_mut() {
+            r.measured_crossover = measured_crossover(&r.sizes, &r.backends, "cpu");
+        }
     }
     bar.finish_and_clear();
 
@@ -534,6 +597,20 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
             println!("plot written to {}", path.display());
         }
     }
+    if args.expect_break_even {
+        let missing: Vec<&str> = results
+            .iter()
+            .filter(|r| r.backends.iter().any(|s| s.backend != "cpu") && r.break_even.is_none())
+            .map(|r| r.alg.as_str())
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "--expect-break-even: the model finds no break-even for {} (the CPU wins every size)",
+                missing.join(", ")
+            )
+            .into());
+        }
+    }
     Ok(())
 }
 
@@ -541,8 +618,22 @@ fn print_table(r: &AlgBench) {
     let be = r
         .break_even
         .map_or("none (the CPU wins at every size)".to_owned(), human);
+    let measured = match (r.measured_crossover, r.break_even) {
+        (None, _) => "measured: the CPU won the largest size".to_owned(),
+        (Some((0, e)), _) => format!("measured: an engine won every size from {}", human(e)),
+        (Some((c, e)), p) => format!(
+            "measured crossover in ({}, {}]{}",
+            human(c),
+            human(e),
+            p.map_or(String::new(), |p| if within_twice(p, (c, e)) {
+                ", the prediction within 2x".to_owned()
+            } else {
+                ", the prediction NOT within 2x".to_owned()
+            })
+        ),
+    };
     println!(
-        "\n{} — encrypt, {} stream(s), Auto policy {}, break-even {}",
+        "\n{} — encrypt, {} stream(s), Auto policy {}, break-even {} ({measured})",
         r.alg, r.concurrency, r.policy, be
     );
     print!("{:>8}", "size");
@@ -622,6 +713,55 @@ fn print_table(r: &AlgBench) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn series(name: &str, throughputs: &[f64]) -> Series {
+        Series {
+            backend: name.into(),
+            points: throughputs
+                .iter()
+                .map(|&t| {
+                    (t > 0.0).then_some(Point {
+                        size: 0,
+                        requests: 1,
+                        throughput: t,
+                        latency: 1.0,
+                        cpu_ns_per_byte: 0.0,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_measured_crossover_is_where_an_engine_wins_every_larger_size() {
+        let sizes = [1024, 2048, 4096, 8192, 16384];
+        let cpu = series("cpu", &[5.0, 5.0, 5.0, 5.0, 5.0]);
+        // An engine that wins from 8 KiB, and one that wins once at 2 KiB
+        // (noise) but not after: the crossover is (4 KiB, 8 KiB].
+        let a = series("vfio:a", &[1.0, 2.0, 4.0, 6.0, 9.0]);
+        let b = series("vfio:b", &[1.0, 6.0, 1.0, 1.0, 1.0]);
+        let all = [cpu.clone(), a.clone(), b];
+        assert_eq!(measured_crossover(&sizes, &all, "cpu"), Some((4096, 8192)));
+        assert!(within_twice(8192, (4096, 8192)));
+        assert!(within_twice(3000, (4096, 8192)));
+        assert!(within_twice(16384, (4096, 8192)));
+        assert!(!within_twice(1024, (4096, 8192)));
+        assert!(!within_twice(65536, (4096, 8192)));
+        // The CPU wins the largest size: none.
+        let slow = series("vfio:a", &[1.0, 2.0, 4.0, 6.0, 4.0]);
+        assert_eq!(
+            measured_crossover(&sizes, &[cpu.clone(), slow], "cpu"),
+            None
+        );
+        // An engine wins every size; an unmeasured size is skipped.
+        let fast = series("vfio:a", &[9.0, 9.0, 0.0, 9.0, 9.0]);
+        assert_eq!(
+            measured_crossover(&sizes, &[cpu.clone(), fast], "cpu"),
+            Some((0, 1024))
+        );
+        // No engine: none.
+        assert_eq!(measured_crossover(&sizes, &[cpu, a][..1], "cpu"), None);
+    }
 
     #[test]
     fn median_of_odd_even_and_empty() {

@@ -2,7 +2,8 @@
 # /init of the `cargo xtask vm-test` guest (packed by xtask/src/guest_init.rs).
 #
 # The kernel hands command-line words without a dot to /init as environment
-# variables: VMTEST_RUN (plain, virtio or vfio) and CRYPTO_OFFLOAD_GUEST=1.
+# variables: VMTEST_RUN (plain, virtio, vfio or weak: the vfio run's
+# devices, a CPU without AES-NI) and CRYPTO_OFFLOAD_GUEST=1.
 # Everything the host judges is a line starting with VMTEST- on the serial
 # console:
 #   VMTEST-INIT, VMTEST-BOOTED           /init started; modules loaded
@@ -62,6 +63,9 @@ for list in /etc/vmtest/modules "/etc/vmtest/modules-$VMTEST_RUN"; do
     done < "$list"
 done
 echo "VMTEST-BOOTED run=$VMTEST_RUN modules=$(wc -l < /proc/modules) uptime=$(uptime_s)"
+# What the guest CPU offers of what crypto code looks for (the weak run's
+# has none of aes, pclmulqdq, vaes, vpclmulqdq: its weak-cpu step checks).
+echo "VMTEST-NOTE cpu: $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2-) flags:$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -x -e aes -e pclmulqdq -e vaes -e vpclmulqdq -e avx2 -e avx512f -e ssse3 -e sse4_2 | tr '\n' ' ')"
 
 if [ "$VMTEST_RUN" = virtio ]; then
     # The driver binds during insmod; allow a moment for the device to start.
@@ -97,8 +101,8 @@ virtio_crypto_pci() {
     return 0
 }
 
-if [ "$VMTEST_RUN" = vfio ]; then
-    # Hand every virtio-crypto device (1af4:1054) that offers
+if [ "$VMTEST_RUN" = vfio ] || [ "$VMTEST_RUN" = weak ]; then
+    # (The weak run has the vfio run's devices.) Hand every virtio-crypto device (1af4:1054) that offers
     # VIRTIO_F_ACCESS_PLATFORM (QEMU's iommu_platform=on: its DMA goes
     # through the IOMMU) to vfio-pci for the userspace driver: off its driver
     # (virtio-pci took it at insmod), then driver_override so that only

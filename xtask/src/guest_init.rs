@@ -28,6 +28,11 @@ pub const STEPS: &str = include_str!("../guest/steps");
 pub const EXAMPLES_SCRIPT: &str = include_str!("../guest/example-servers");
 /// Guest path of [`EXAMPLES_SCRIPT`].
 pub const EXAMPLES_PATH: &str = "/bin/example-servers";
+/// The weak run's check of its CPU (a step of the weak run), at
+/// [`WEAK_CPU_PATH`].
+pub const WEAK_CPU_SCRIPT: &str = include_str!("../guest/weak-cpu");
+/// Guest path of [`WEAK_CPU_SCRIPT`].
+pub const WEAK_CPU_PATH: &str = "/bin/weak-cpu";
 
 /// Guest path of the insmod order.
 pub const MODULES_PATH: &str = "/etc/vmtest/modules";

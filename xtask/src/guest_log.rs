@@ -218,7 +218,7 @@ impl LogParser {
         {
             failures.push("no virtio-crypto device was bound to virtio_crypto".into());
         }
-        if self.run == RunKind::Vfio && self.report.booted_at.is_some() {
+        if self.run.has_vfio_devices() && self.report.booted_at.is_some() {
             if self.vfio_bound.is_empty() {
                 failures.push("no virtio-crypto device was bound to vfio-pci".into());
             }

@@ -1,7 +1,7 @@
 //! `cargo xtask`: developer tasks for the crypto-offload workspace.
 //!
 //! ```text
-//! cargo xtask vm-test                    # all three guest runs, default packages
+//! cargo xtask vm-test                    # all four guest runs, default packages
 //! cargo xtask vm-test --run virtio -p crypto-offload-af-alg --keep
 //! cargo xtask vm-test --run vfio -p crypto-offload-fallback
 //! cargo xtask module-graph --check          # crypto-offload/src has no module cycle
@@ -12,7 +12,8 @@
 //! an initramfs, boots Debian's kernel under QEMU without devices (`plain`),
 //! with a virtio-crypto device (`virtio`) and with two virtio-crypto devices
 //! behind an emulated IOMMU bound to vfio-pci and a third left to the kernel
-//! (`vfio`), runs the test binaries in the guest and judges each run from the
+//! (`vfio`), and with those devices and a CPU without AES-NI or PCLMULQDQ
+//! (`weak`), runs the test binaries in the guest and judges each run from the
 //! guest's serial console. The host needs `qemu-system-x86`, `busybox-static`
 //! and `linux-image-amd64` (and, for the vfio run's DPDK step, `dpdk-dev`);
 //! nothing is installed by the task itself.
@@ -28,6 +29,7 @@ mod elf;
 mod guest_binaries;
 mod guest_init;
 mod guest_log;
+mod hog;
 mod initramfs;
 mod kernel;
 mod module_graph;

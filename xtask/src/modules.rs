@@ -80,7 +80,7 @@ pub fn run_modules(run: RunKind) -> &'static [&'static str] {
     match run {
         RunKind::Plain => &[],
         RunKind::Virtio => VIRTIO_MODULES,
-        RunKind::Vfio => VFIO_MODULES,
+        RunKind::Vfio | RunKind::Weak => VFIO_MODULES,
     }
 }
 

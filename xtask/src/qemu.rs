@@ -22,6 +22,7 @@ use anyhow::{Context, Result};
 use clap::ValueEnum;
 
 use crate::guest_log::{Ending, LogParser, RunReport};
+use crate::hog::{self, Hog};
 use crate::qmp;
 
 /// How long a KVM guest may take to reach `/init` before TCG takes over.
@@ -44,11 +45,17 @@ pub enum RunKind {
     /// kernel's virtio_crypto (AF_ALG, DPDK); QEMU has a QMP socket for
     /// hot-unplug requests.
     Vfio,
+    /// The vfio run's machine and devices with a guest CPU crippled on
+    /// purpose: no AES-NI, PCLMULQDQ, VAES or VPCLMULQDQ (the kernel then
+    /// runs `aes-generic`, the crate's CPU path software AES). The CPU
+    /// stands in for the seeds' SoCs without AES instructions; the devices
+    /// still compute on the host, at the host's speed.
+    Weak,
 }
 
 impl RunKind {
     /// Every run, in the order `--run all` boots them.
-    pub const ALL: [Self; 3] = [Self::Plain, Self::Virtio, Self::Vfio];
+    pub const ALL: [Self; 4] = [Self::Plain, Self::Virtio, Self::Vfio, Self::Weak];
 
     /// The run's name in logs and on the kernel command line.
     pub fn name(self) -> &'static str {
@@ -56,6 +63,21 @@ impl RunKind {
             Self::Plain => "plain",
             Self::Virtio => "virtio",
             Self::Vfio => "vfio",
+            Self::Weak => "weak",
+        }
+    }
+
+    /// True if the run has the vfio run's machine: the emulated IOMMU, two
+    /// virtio-crypto devices for VFIO and one for the kernel's driver.
+    pub fn has_vfio_devices(self) -> bool {
+        matches!(self, Self::Vfio | Self::Weak)
+    }
+
+    /// The CPU features the guest is denied (QEMU `-cpu` flags), if any.
+    pub fn hidden_cpu_features(self) -> &'static [&'static str] {
+        match self {
+            Self::Weak => WEAK_HIDDEN_FEATURES,
+            Self::Plain | Self::Virtio | Self::Vfio => &[],
         }
     }
 
@@ -70,7 +92,7 @@ impl RunKind {
     pub fn memory_mib(self) -> u32 {
         match self {
             Self::Plain | Self::Virtio => 1024,
-            Self::Vfio => 2048,
+            Self::Vfio | Self::Weak => 2048,
         }
     }
 }
@@ -85,6 +107,10 @@ pub const VFIO_DEVICE_IDS: [&str; 2] = ["crypto0", "crypto1"];
 /// addresses: the guest leaves it to virtio_crypto (AF_ALG), and DPDK's
 /// crypto_virtio (`--iova-mode=pa`) can drive it, our VFIO driver cannot.
 pub const KERNEL_DEVICE_ID: &str = "crypto2";
+
+/// The CPU features the weak run's guest does not get: AES and carry-less
+/// multiply in every width (the AVX-512 forms share these flags).
+pub const WEAK_HIDDEN_FEATURES: &[&str] = &["aes", "pclmulqdq", "vaes", "vpclmulqdq"];
 
 /// The accelerator policy asked for on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -115,11 +141,17 @@ impl Accel {
         }
     }
 
-    fn args(self) -> [&'static str; 4] {
-        match self {
-            Self::Kvm => ["-accel", "kvm", "-cpu", "host"],
-            Self::Tcg => ["-accel", "tcg", "-cpu", "max"],
-        }
+    /// `-accel … -cpu …`, the CPU model without `hidden` features.
+    fn args(self, hidden: &[&str]) -> [String; 4] {
+        let (accel, model) = match self {
+            Self::Kvm => ("kvm", "host"),
+            Self::Tcg => ("tcg", "max"),
+        };
+        let cpu: String = std::iter::once(model.to_owned())
+            .chain(hidden.iter().map(|f| format!("-{f}")))
+            .collect::<Vec<_>>()
+            .join(",");
+        ["-accel".into(), accel.into(), "-cpu".into(), cpu]
     }
 }
 
@@ -165,6 +197,9 @@ pub struct Machine {
     pub kernel: PathBuf,
     /// The initramfs for `-initrd`.
     pub initrd: PathBuf,
+    /// Threads of the host CPU hog the guest may switch on
+    /// (`--host-hog`; [`crate::hog`]); none when 0.
+    pub host_hog: usize,
 }
 
 impl Machine {
@@ -172,8 +207,8 @@ impl Machine {
     /// on (for runs that [have one](RunKind::has_qmp)).
     pub fn command(&self, run: RunKind, accel: Accel, qmp: Option<&Path>) -> Command {
         let mut command = Command::new(&self.qemu);
-        command.args(accel.args());
-        if run == RunKind::Vfio {
+        command.args(accel.args(run.hidden_cpu_features()));
+        if run.has_vfio_devices() {
             // The IOMMU first: QEMU wants it before the devices behind it.
             // Interrupt remapping needs the split irqchip (under KVM; TCG
             // accepts it), and caching mode lets a guest's VFIO map DMA.
@@ -193,7 +228,7 @@ impl Machine {
             "console=ttyS0 quiet panic=-1 tsc=reliable VMTEST_RUN={} CRYPTO_OFFLOAD_GUEST=1",
             run.name()
         );
-        if run == RunKind::Vfio {
+        if run.has_vfio_devices() {
             append.push_str(" intel_iommu=on");
         }
         command
@@ -216,7 +251,7 @@ impl Machine {
                     "virtio-crypto-pci,cryptodev=cryptodev0",
                 ]);
             }
-            RunKind::Vfio => {
+            RunKind::Vfio | RunKind::Weak => {
                 // Each device behind its own root port: its own IOMMU group,
                 // a PCI PM capability (VFIO_DEVICE_RESET, runtime PM) and
                 // hot-unplug (`device_del` over QMP). The VFIO devices go
@@ -385,6 +420,8 @@ struct Console {
     qmp: QmpLink,
     /// Where the QMP reader thread sends QEMU's messages.
     events: Sender<Event>,
+    /// The host CPU hog (`--host-hog`), if the run has one.
+    hog: Option<Hog>,
 }
 
 impl Console {
@@ -397,7 +434,36 @@ impl Console {
         if let Some(request) = qmp::parse_request(line) {
             self.qmp_request(request)?;
         }
+        if let Some(request) = hog::parse_request(line) {
+            self.hog_request(request)?;
+        }
         Ok(())
+    }
+
+    /// Switches the host CPU hog as the guest asks; without `--host-hog`
+    /// the request is noted and the guest measures a quiet host.
+    fn hog_request(&mut self, request: Result<hog::Request, String>) -> Result<()> {
+        let request = match request {
+            Ok(request) => request,
+            Err(why) => return self.fail(format!("malformed hog request: {why}")),
+        };
+        let message = match (&mut self.hog, request) {
+            (None, _) => "host hog: not switched (no --host-hog): the host stays quiet".to_owned(),
+            (Some(hog), hog::Request::On) if hog.is_on() => "host hog: already on".to_owned(),
+            (Some(hog), hog::Request::On) => {
+                hog.on();
+                format!(
+                    "host hog on: {} spinning thread(s), at most {} s",
+                    hog.threads(),
+                    hog::MAX_ON.as_secs()
+                )
+            }
+            (Some(hog), hog::Request::Off) => {
+                hog.off();
+                "host hog off".to_owned()
+            }
+        };
+        self.note(&message)
     }
 
     /// A harness message, on stderr and in the log.
@@ -527,6 +593,7 @@ fn attempt(
             .clone()
             .map_or(QmpLink::Absent, QmpLink::Listening),
         events: sender.clone(),
+        hog: (machine.host_hog > 0).then(|| Hog::new(machine.host_hog)),
     };
     console.note(&shown.join(" "))?;
     let mut qemu = Qemu(
@@ -684,6 +751,7 @@ mod tests {
             qemu: "qemu".into(),
             kernel: "/k".into(),
             initrd: "/i".into(),
+            host_hog: 0,
         };
         let args = |run, accel| -> Vec<String> {
             machine
@@ -716,6 +784,7 @@ mod tests {
             qemu: "qemu".into(),
             kernel: "/k".into(),
             initrd: "/i".into(),
+            host_hog: 0,
         };
         let command = machine.command(
             RunKind::Vfio,
@@ -768,6 +837,49 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_weak_run_is_the_vfio_machine_with_a_cpu_without_aes() {
+        let machine = Machine {
+            qemu: "qemu".into(),
+            kernel: "/k".into(),
+            initrd: "/i".into(),
+            host_hog: 0,
+        };
+        let args = |run, accel| -> String {
+            machine
+                .command(run, accel, None)
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let weak = args(RunKind::Weak, Accel::Tcg);
+        assert!(
+            weak.starts_with(
+                "-accel tcg -cpu max,-aes,-pclmulqdq,-vaes,-vpclmulqdq -machine q35,kernel-irqchip=split \
+                 -device intel-iommu,intremap=on,caching-mode=on -m 2048 -smp 2 "
+            ),
+            "{weak}"
+        );
+        assert!(weak.contains(" VMTEST_RUN=weak CRYPTO_OFFLOAD_GUEST=1 intel_iommu=on "));
+        assert_eq!(weak.matches("virtio-crypto-pci").count(), 3, "{weak}");
+        assert!(!weak.contains("-qmp"));
+        assert!(
+            args(RunKind::Weak, Accel::Kvm)
+                .starts_with("-accel kvm -cpu host,-aes,-pclmulqdq,-vaes,-vpclmulqdq ")
+        );
+        // The vfio run's devices, the vfio run's CPU.
+        let vfio = args(RunKind::Vfio, Accel::Tcg);
+        assert_eq!(
+            vfio.split(" -append")
+                .next()
+                .map(|s| s.replace("-cpu max", "")),
+            weak.split(" -append")
+                .next()
+                .map(|s| s.replace("-cpu max,-aes,-pclmulqdq,-vaes,-vpclmulqdq", ""))
+        );
+    }
+
     /// Runs a fake QEMU (a shell script) under [`attempt`].
     fn fake_qemu(
         name: &str,
@@ -785,6 +897,7 @@ mod tests {
             qemu,
             kernel: "/k".into(),
             initrd: "/i".into(),
+            host_hog: 0,
         };
         let started = Instant::now();
         let result = attempt(

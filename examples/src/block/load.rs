@@ -216,9 +216,10 @@ impl fmt::Display for LoadReport {
             us(self.latency.p99),
             us(self.latency.max),
             self.server_cpu.map_or("?".to_owned(), |c| format!(
-                "{:.2} s ({:.0}%)",
+                "{:.2} s ({:.0}%, {:.0} µs/req)",
                 c.as_secs_f64(),
-                100.0 * c.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+                100.0 * c.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9),
+                c.as_secs_f64() * 1e6 / ((self.writes + self.reads) as f64).max(1.0)
             )),
         )?;
         writeln!(f, "server backends: {}", format_served(&self.served))?;
