@@ -505,24 +505,29 @@ fn least(
         .reduce(|b, p| if better(&p, &b) { p } else { b })
 }
 
-/// Throughput: while a core is free the request runs here on the CPU.
-/// "Free" counts the deciding thread as taken: the CPU's in-flight count is
-/// the CPU requests running on *other* threads, so with every worker busy a
-/// worker sees at most `cores - 1` of them, and `busy < cores` would never
-/// send anything to an engine (measured on `offload scenario qce`, 2 cores:
-/// the engine got 0 of ~10,500 requests and Throughput / sum of capacities
-/// fell from 0.96–1.00 to 0.85–0.94). Once the CPU is busy, a request goes
-/// to an engine that has room — fewer than [`QUEUE_PER_SERVER`] requests
-/// per server in flight, so it always has the next one ready and never
-/// idles — and that takes less of this machine's CPU than doing the work
-/// here would (otherwise offloading frees nothing). The CPU takes the rest.
-/// Engines and CPU then work at once, each at its own capacity.
+/// Throughput: while a core is free the request runs here on the CPU —
+/// unless an engine with room would finish it sooner, which then takes it:
+/// a free core is worth using only for work it does no slower than the
+/// engine would. (A CPU without AES instructions took 13 ms of a core for a
+/// 64 KiB XTS block that a device did in ~1.3 ms, in the weak-CPU guest;
+/// "free" counts only the CPU's crypto in flight, not the server's own work
+/// that core was needed for, and the block store under Throughput ran at
+/// 0.62x of the device alone.) "Free" counts the deciding thread as taken:
+/// the CPU's in-flight count is the CPU requests running on *other*
+/// threads, so with every worker busy a worker sees at most `cores - 1` of
+/// them, and `busy < cores` would never send anything to an engine
+/// (measured on `offload scenario qce`, 2 cores: the engine got 0 of
+/// ~10,500 requests and Throughput / sum of capacities fell from 0.96–1.00
+/// to 0.85–0.94). Once the CPU is busy, a request goes to an engine that
+/// has room — fewer than [`QUEUE_PER_SERVER`] requests per server in
+/// flight, so it always has the next one ready and never idles — and that
+/// takes less of this machine's CPU than doing the work here would
+/// (otherwise offloading frees nothing). The CPU takes the rest. Engines
+/// and CPU then work at once, each at its own capacity.
 fn spread(slots: &Slots, req: &Request) -> Option<Prediction> {
     let cpu = predict(slots, SlotId::CPU, req).ok();
     let cpu_busy = slots.cpu_slot().model.in_flight.load(Ordering::Relaxed);
-    if cpu.is_some() && (cpu_busy == 0 || cpu_busy + 1 < slots.cores) {
-        return cpu;
-    }
+    let core_free = cpu.is_some() && (cpu_busy == 0 || cpu_busy + 1 < slots.cores);
     let here = cpu.map_or(f64::MAX, |c| c.base);
     let engine = slots
         .engine_ids()
@@ -536,7 +541,11 @@ fn spread(slots: &Slots, req: &Request) -> Option<Prediction> {
             (room && p.cpu < here).then_some(p)
         })
         .reduce(|b, p| if p.latency < b.latency { p } else { b });
-    engine.or(cpu)
+    match (engine, cpu) {
+        (Some(e), Some(c)) if core_free && c.latency <= e.latency => Some(c),
+        (Some(e), _) => Some(e),
+        (None, c) => c,
+    }
 }
 
 /// Every candidate's reckoning for a `len`-byte request, and the choice.

@@ -350,6 +350,27 @@ fn throughput_keeps_the_cpu_while_a_core_is_free_then_feeds_the_engine() {
 }
 
 #[test]
+fn throughput_gives_a_free_core_only_what_it_does_no_slower_than_an_engine() {
+    // A CPU without AES instructions: 200 ns a byte, against the engine's
+    // 10 µs + 0.1 ns a byte (2 µs of CPU to submit).
+    let s = costed(Policy::Throughput, None, vec![engine("e")]);
+    let e = id(&s, "e");
+    s.set_cost(SlotId::CPU, CBC, ENC, Cost::new(200.0, 200.0, 200.0, 200.0, 1));
+    // 32 B: the free core is faster, 6.6 µs against 10 µs.
+    assert_eq!(name(&s, choose(&s, &req(CBC, 32))), "cpu");
+    // 64 KiB: 13 ms on the free core against 16.6 µs on the engine.
+    let large = req(CBC, 64 << 10);
+    assert_eq!(name(&s, choose(&s, &large)), "e");
+    // The engine full: the free core after all.
+    s[e].model.in_flight.store(2, Ordering::Relaxed);
+    assert_eq!(name(&s, choose(&s, &large)), "cpu");
+    // Room again: the engine (the old rule, a free core takes
+    // everything, kept 64 KiB on the CPU while the engine idled).
+    s[e].model.in_flight.store(0, Ordering::Relaxed);
+    assert_eq!(name(&s, choose(&s, &large)), "e");
+}
+
+#[test]
 fn a_cold_engine_is_woken_once_the_time_it_would_have_saved_pays_its_resume() {
     let s = costed(Policy::Latency, None, vec![cold("e")]);
     let e = id(&s, "e");
