@@ -355,7 +355,12 @@ fn throughput_gives_a_free_core_only_what_it_does_no_slower_than_an_engine() {
     // 10 µs + 0.1 ns a byte (2 µs of CPU to submit).
     let s = costed(Policy::Throughput, None, vec![engine("e")]);
     let e = id(&s, "e");
-    s.set_cost(SlotId::CPU, CBC, ENC, Cost::new(200.0, 200.0, 200.0, 200.0, 1));
+    s.set_cost(
+        SlotId::CPU,
+        CBC,
+        ENC,
+        Cost::new(200.0, 200.0, 200.0, 200.0, 1),
+    );
     // 32 B: the free core is faster, 6.6 µs against 10 µs.
     assert_eq!(name(&s, choose(&s, &req(CBC, 32))), "cpu");
     // 64 KiB: 13 ms on the free core against 16.6 µs on the engine.
