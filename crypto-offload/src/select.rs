@@ -537,7 +537,13 @@ fn spread(slots: &Slots, req: &Request) -> Option<Prediction> {
             let cost = model.entry(req.alg, req.dir).cost()?;
             let queued = model.in_flight.load(Ordering::Relaxed) as f64;
             let keep_fed = QUEUE_PER_SERVER * model.entry(req.alg, req.dir).servers();
-            let room = queued < keep_fed.min(f64::from(cost.queue_depth));
+            // Room: fewer than it needs to stay fed, or — a queue the CPU
+            // would not beat — its completion, queue included, still
+            // sooner than the CPU's (a weak CPU: a device ~10x faster,
+            // 2 a server left a third of 64 KiB XTS to a CPU that took
+            // 13 ms a block, in the weak-CPU guest's block store).
+            let sooner = cpu.is_some_and(|c| p.latency < c.latency);
+            let room = queued < f64::from(cost.queue_depth) && (queued < keep_fed || sooner);
             (room && p.cpu < here).then_some(p)
         })
         .reduce(|b, p| if p.latency < b.latency { p } else { b });

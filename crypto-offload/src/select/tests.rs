@@ -366,8 +366,13 @@ fn throughput_gives_a_free_core_only_what_it_does_no_slower_than_an_engine() {
     // 64 KiB: 13 ms on the free core against 16.6 µs on the engine.
     let large = req(CBC, 64 << 10);
     assert_eq!(name(&s, choose(&s, &large)), "e");
-    // The engine full: the free core after all.
-    s[e].model.in_flight.store(2, Ordering::Relaxed);
+    // Past what keeps it fed, the engine still takes what it finishes,
+    // queue included, sooner than the CPU: 9 ahead, 10 × 16.6 µs.
+    s[e].model.in_flight.store(9, Ordering::Relaxed);
+    assert_eq!(name(&s, choose(&s, &large)), "e");
+    // A queue the CPU beats (800 ahead: 13.3 ms against 13.1 ms): the
+    // free core after all.
+    s[e].model.in_flight.store(800, Ordering::Relaxed);
     assert_eq!(name(&s, choose(&s, &large)), "cpu");
     // Room again: the engine (the old rule, a free core takes
     // everything, kept 64 KiB on the CPU while the engine idled).
