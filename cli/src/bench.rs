@@ -531,23 +531,29 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
         // an XTS request is one tweak, the VFIO device's is at most
         // 256 KiB) ran on the CPU behind its pinned session: not the
         // engine's figure, left out ("-").
-        let too_large = |name: &str, size: usize| {
-            auto.explain(alg, Direction::Encrypt, size)
-                .candidates
-                .iter()
-                .any(|c| {
-                    c.backend == name
-                        && c.excluded
+        // One explanation a size, asked once: the backends each excludes
+        // as too large.
+        let too_large: Vec<Vec<String>> = sizes
+            .iter()
+            .map(|&size| {
+                auto.explain(alg, Direction::Encrypt, size)
+                    .candidates
+                    .into_iter()
+                    .filter(|c| {
+                        c.excluded
                             .as_deref()
                             .is_some_and(|e| e.starts_with("takes at most"))
-                })
-        };
+                    })
+                    .map(|c| c.backend)
+                    .collect()
+            })
+            .collect();
         let backends: Vec<Series> = targets
             .iter()
             .zip(rows)
             .map(|((name, _), mut points)| {
-                for (p, &size) in points.iter_mut().zip(&sizes) {
-                    if too_large(name, size) {
+                for (p, excluded) in points.iter_mut().zip(&too_large) {
+                    if excluded.contains(name) {
                         *p = None;
                     }
                 }
