@@ -47,6 +47,12 @@ pub struct BenchArgs {
     /// are meant to win somewhere (the weak-CPU guest).
     #[arg(long)]
     pub expect_break_even: bool,
+    /// Measure, in Auto's place, a second session pinned to this backend:
+    /// its "auto/oracle" against its own pinned row is the noise of the
+    /// measurement itself (1.0 if the rounds were exact), on the machine
+    /// and at the sizes of the run.
+    #[arg(long, value_name = "BACKEND")]
+    pub control: Option<String>,
 }
 
 /// How long one measuring round of a target lasts (at least one request).
@@ -95,6 +101,14 @@ pub struct AlgBench {
     /// Per size, how many requests Auto sent to each backend while it was
     /// measured (warm-ups included), in the order of `backends`.
     pub auto_mix: Vec<Vec<u64>>,
+    /// Per size, right after it was measured: Auto's predicted latency (in
+    /// seconds, online corrections included) of each backend in the order
+    /// of `backends` (`None`: excluded) — what the model had learned when
+    /// it made the size's last choices.
+    pub auto_model: Vec<Vec<Option<f64>>>,
+    /// Per size, Auto's paired ratio against each backend, in the order of
+    /// `backends` (the oracle's is `auto_over_oracle`).
+    pub auto_over_each: Vec<Vec<Option<f64>>>,
     /// The best single backend per size, and its throughput: the backend
     /// that Auto's paired ratio is lowest against.
     pub oracle: Vec<Option<(String, f64)>>,
@@ -103,8 +117,13 @@ pub struct AlgBench {
     /// How many paired rounds each ratio is the median of (0: no round
     /// ran both, the ratio is of their best rounds).
     pub auto_over_oracle_rounds: Vec<usize>,
-    /// Smallest size at which Auto leaves the CPU (from the model).
+    /// Smallest size at which Auto leaves the CPU, from its model after
+    /// the bench (the online corrections it learned included).
     pub break_even: Option<usize>,
+    /// The same from the calibrated model alone (the profile, nothing
+    /// learned), asked while every engine was powered: what `offload
+    /// explain` on the profile predicts.
+    pub calibrated_break_even: Option<usize>,
     /// Where the measured crossover lies: `(cpu, engine)`, the largest
     /// size the CPU won and the next measured size, from which an engine
     /// won every larger size (`cpu` 0 when an engine won them all); `None`
@@ -159,6 +178,11 @@ pub fn within_twice(predicted: usize, (cpu, engine): (usize, usize)) -> bool {
     let p = predicted as f64;
     // The interval (cpu, engine] meets [p/2, 2p].
     (engine as f64) >= p / 2.0 && (cpu as f64) < 2.0 * p
+}
+
+/// A size argument for clap: bytes, or with a `k` / `m` suffix.
+pub fn parse_size_arg(s: &str) -> Result<usize, String> {
+    parse_size(s).map_err(|e| format!("{s:?}: {e} (a size is bytes, or with a k or m suffix)"))
 }
 
 fn parse_size(s: &str) -> Result<usize, Error> {
@@ -456,15 +480,31 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                 targets.push((name.clone(), pinned));
             }
         }
-        targets.push(("auto".to_owned(), auto.clone()));
+        let last = match &args.control {
+            Some(name) => setup::builder(&args.backends, &sims)?
+                .profile(profile.clone())
+                .pin(name.clone())
+                .build()?,
+            None => auto.clone(),
+        };
+        targets.push(("auto".to_owned(), last));
         let mut rows: Vec<Vec<Option<Point>>> = vec![Vec::new(); targets.len()];
         let mut paired: Vec<Vec<Option<(f64, usize)>>> = Vec::new();
         let mut mix: Vec<Vec<u64>> = Vec::new();
+        let mut model: Vec<Vec<Option<f64>>> = Vec::new();
+        // The calibrated model alone, asked once the engines are powered
+        // (the targets' sessions hold them; a suspended engine's resume
+        // would otherwise be in every prediction).
+        let calibrated = setup::builder(&args.backends, &sims)?
+            .profile(profile.clone())
+            .build()?;
+        let mut calibrated_break_even = None;
         for &size in &sizes {
             if !fits(alg, size) {
                 rows.iter_mut().for_each(|r| r.push(None));
                 paired.push(Vec::new());
                 mix.push(Vec::new());
+                model.push(Vec::new());
                 continue;
             }
             // Interleaved rounds, so a drift in the machine's speed touches
@@ -478,14 +518,19 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
             // Each target's sessions, opened in its first round (untimed).
             let mut open: Vec<Option<Vec<Session>>> = (0..n).map(|_| None).collect();
             let round = ROUND.min(time);
-            for r in 0.. {
-                // Each round starts with the next target, so that no target
-                // always follows the same one; a target whose requests are
+            // The same order for every run of the same sizes.
+            let mut order = fastrand::Rng::with_seed(size as u64);
+            for _ in 0.. {
+                // Each round takes the targets in a fresh random order, so
+                // that no target always follows the same one (rotating the
+                // start did not: target t still followed t - 1, and a
+                // session pinned to a VFIO device, measured twice, read
+                // 1.04–1.33x itself in the weak-CPU guest when one copy
+                // always followed the other on the same device, whose
+                // poller was then warm); a target whose requests are
                 // longer than a round (a slow engine) gets fewer rounds.
-                let due: Vec<usize> = (0..n)
-                    .map(|i| (i + r) % n)
-                    .filter(|&t| spent[t] < time)
-                    .collect();
+                let mut due: Vec<usize> = (0..n).filter(|&t| spent[t] < time).collect();
+                order.shuffle(&mut due);
                 if due.is_empty() {
                     break;
                 }
@@ -513,6 +558,22 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                     .iter()
                     .zip(served_before)
                     .map(|(after, before)| after - before)
+                    .collect(),
+            );
+            if calibrated_break_even.is_none() {
+                calibrated_break_even = Some(calibrated.break_even(alg, Direction::Encrypt));
+            }
+            let explained = auto.explain(alg, Direction::Encrypt, size).candidates;
+            model.push(
+                targets[..n - 1]
+                    .iter()
+                    .map(|(name, _)| {
+                        explained
+                            .iter()
+                            .find(|c| &c.backend == name)
+                            .and_then(|c| c.latency)
+                            .map(|l| l.as_secs_f64())
+                    })
                     .collect(),
             );
             // Auto (the last target) over each backend, round by round.
@@ -600,10 +661,16 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
             },
             auto_choice,
             auto_mix: mix,
+            auto_model: model,
+            auto_over_each: paired
+                .iter()
+                .map(|p| p.iter().map(|r| r.map(|(r, _)| r)).collect())
+                .collect(),
             oracle,
             auto_over_oracle: ratio,
             auto_over_oracle_rounds: ratio_rounds,
             break_even: auto.break_even(alg, Direction::Encrypt),
+            calibrated_break_even: calibrated_break_even.flatten(),
             measured_crossover: None,
         });
         if let Some(r) = results.last_mut() {
@@ -628,12 +695,15 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
     if args.expect_break_even {
         let missing: Vec<&str> = results
             .iter()
-            .filter(|r| r.backends.iter().any(|s| s.backend != "cpu") && r.break_even.is_none())
+            .filter(|r| {
+                r.backends.iter().any(|s| s.backend != "cpu") && r.calibrated_break_even.is_none()
+            })
             .map(|r| r.alg.as_str())
             .collect();
         if !missing.is_empty() {
             return Err(format!(
-                "--expect-break-even: the model finds no break-even for {} (the CPU wins every size)",
+                "--expect-break-even: the calibrated model finds no break-even for {} (the CPU \
+                 wins every size)",
                 missing.join(", ")
             )
             .into());
@@ -643,26 +713,32 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
 }
 
 fn print_table(r: &AlgBench) {
-    let be = r
-        .break_even
-        .map_or("none (the CPU wins at every size)".to_owned(), human);
-    let measured = match (r.measured_crossover, r.break_even) {
-        (None, _) => "measured: the CPU won the largest size".to_owned(),
-        (Some((0, e)), _) => format!("measured: an engine won every size from {}", human(e)),
-        (Some((c, e)), p) => format!(
-            "measured crossover in ({}, {}]{}",
-            human(c),
-            human(e),
-            p.map_or(String::new(), |p| if within_twice(p, (c, e)) {
-                ", the prediction within 2x".to_owned()
+    let be = |b: Option<usize>| b.map_or("none (the CPU wins at every size)".to_owned(), human);
+    let near = |p: Option<usize>| match (r.measured_crossover, p) {
+        (Some((c, e)), Some(p)) if c > 0 => {
+            if within_twice(p, (c, e)) {
+                ", within 2x"
             } else {
-                ", the prediction NOT within 2x".to_owned()
-            })
-        ),
+                ", NOT within 2x"
+            }
+        }
+        _ => "",
+    };
+    let measured = match r.measured_crossover {
+        None => "the CPU won the largest size".to_owned(),
+        Some((0, e)) => format!("an engine won every size from {}", human(e)),
+        Some((c, e)) => format!("crossover in ({}, {}]", human(c), human(e)),
     };
     println!(
-        "\n{} — encrypt, {} stream(s), Auto policy {}, break-even {} ({measured})",
-        r.alg, r.concurrency, r.policy, be
+        "\n{} — encrypt, {} stream(s), Auto policy {}; measured: {measured}; break-even of the \
+         calibrated model {}{}, of Auto's after the bench {}{}",
+        r.alg,
+        r.concurrency,
+        r.policy,
+        be(r.calibrated_break_even),
+        near(r.calibrated_break_even),
+        be(r.break_even),
+        near(r.break_even),
     );
     print!("{:>8}", "size");
     for s in &r.backends {
@@ -712,12 +788,14 @@ fn print_table(r: &AlgBench) {
     {
         println!("min auto/oracle over sizes: {min:.3}");
     }
-    // Where Auto split a size's requests, how: the mix is what the
-    // selector did while measured, the choice column what it says at rest.
+    // Where Auto split a size's requests, how, and what its model
+    // predicted once the size was measured (beside the table's measured
+    // latencies): the mix is what the selector did while measured, the
+    // choice column what it says at rest.
     for (i, &size) in r.sizes.iter().enumerate() {
         let mix = &r.auto_mix[i];
         let total: u64 = mix.iter().sum();
-        if total == 0 || mix.iter().filter(|&&n| n > 0).count() < 2 {
+        if r.auto_over_each.get(i).is_none_or(|e| e.is_empty()) {
             continue;
         }
         let shares: Vec<String> = r
@@ -727,7 +805,30 @@ fn print_table(r: &AlgBench) {
             .filter(|(_, n)| **n > 0)
             .map(|(s, &n)| format!("{} {:.1}%", s.backend, 100.0 * n as f64 / total as f64))
             .collect();
-        println!("auto's requests at {}: {}", human(size), shares.join(", "));
+        let shares = if shares.is_empty() {
+            vec!["(not Auto's: --control)".to_owned()]
+        } else {
+            shares
+        };
+        let predicted: Vec<String> = r
+            .backends
+            .iter()
+            .zip(r.auto_model.get(i).into_iter().flatten())
+            .filter_map(|(s, l)| Some(format!("{} {:.1}", s.backend, (*l)? * 1e6)))
+            .collect();
+        let against: Vec<String> = r
+            .backends
+            .iter()
+            .zip(r.auto_over_each.get(i).into_iter().flatten())
+            .filter_map(|(s, x)| Some(format!("{} {:.2}", s.backend, (*x)?)))
+            .collect();
+        println!(
+            "auto at {}: requests {}; model µs {}; auto over each {}",
+            human(size),
+            shares.join(", "),
+            predicted.join(", "),
+            against.join(", ")
+        );
     }
     if flagged > 0 {
         println!(

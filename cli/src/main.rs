@@ -4,7 +4,7 @@
 //! offload probe                      # backends, algorithms, availability, power
 //! offload bench [--sim qce] [--plot throughput.svg] [--json]
 //! offload calibrate --out profile.toml
-//! offload explain --alg aes-256-xts --size 65536 --sim qce
+//! offload explain --alg aes-256-xts --size 1k,64k --sim qce
 //! offload scenario omap|qce|mcrc64|eip197
 //! ```
 
@@ -87,9 +87,10 @@ enum Command {
         /// Algorithm, e.g. aes-256-xts, aes-128-gcm, crc-32/iscsi.
         #[arg(long)]
         alg: String,
-        /// Request size in bytes.
-        #[arg(long)]
-        size: usize,
+        /// Request sizes in bytes, comma-separated, with an optional k or m
+        /// suffix (KiB, MiB): e.g. `512,1k,2k,4k` around a break-even.
+        #[arg(long, value_delimiter = ',', required = true, value_parser = bench::parse_size_arg)]
+        size: Vec<usize>,
         /// Explain a decryption / open.
         #[arg(long)]
         decrypt: bool,
@@ -132,7 +133,7 @@ fn main() -> ExitCode {
                 alg,
                 size,
                 decrypt,
-            } => setup::explain(&backends, &alg, size, decrypt).await,
+            } => setup::explain(&backends, &alg, &size, decrypt).await,
             Command::Scenario(args) => scenario::run(args).await,
         }
     });

@@ -209,7 +209,7 @@ pub async fn calibrate(b: &Backends, out: Option<PathBuf>) -> Result<(), Error> 
     Ok(())
 }
 
-pub async fn explain(b: &Backends, alg: &str, size: usize, decrypt: bool) -> Result<(), Error> {
+pub async fn explain(b: &Backends, alg: &str, sizes: &[usize], decrypt: bool) -> Result<(), Error> {
     let sims = sims(b)?;
     let offload = offload(b, &sims).await?;
     let dir = if decrypt {
@@ -217,6 +217,9 @@ pub async fn explain(b: &Backends, alg: &str, size: usize, decrypt: bool) -> Res
     } else {
         Direction::Encrypt
     };
-    print!("{}", offload.explain(algorithm(alg)?, dir, size));
+    let alg = algorithm(alg)?;
+    for &size in sizes {
+        print!("{}", offload.explain(alg, dir, size));
+    }
     Ok(())
 }

@@ -79,6 +79,45 @@ fn bench_json_has_every_backend_auto_and_the_oracle_per_size() {
 }
 
 #[test]
+fn a_control_measures_a_pinned_backend_against_itself() {
+    let (ok, out, err) = offload(&[
+        "bench",
+        "--sim",
+        "qce",
+        "--alg",
+        "aes-256-xts",
+        "--sizes",
+        "4k,64k",
+        "--time-ms",
+        "20",
+        "--control",
+        "sim:qce",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let r = &v[0];
+    // Auto's place went to a second session on the engine: Auto's
+    // selector served none of the requests.
+    for i in 0..2 {
+        let mix: u64 = r["auto_mix"][i]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(mix, 0, "{out}");
+        // Against its own pinned row (the second backend), within what
+        // any noise allows; against the CPU (first) it is the engine's
+        // speed, far from 1 on this machine whichever wins.
+        let itself = r["auto_over_each"][i][1].as_f64().unwrap();
+        assert!(itself > 0.2 && itself < 5.0, "{out}");
+    }
+    let (ok, _, err) = offload(&["bench", "--sizes", "64", "--control", "sim:nope"]);
+    assert!(!ok && !err.contains("panicked"), "{err}");
+}
+
+#[test]
 fn bench_tables_and_an_svg_plot() {
     let dir = std::env::temp_dir().join(format!("offload-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -140,13 +179,20 @@ fn calibrate_writes_a_profile_that_bench_and_explain_load() {
         "--alg",
         "crc-64/nvme",
         "--size",
-        "8388608",
+        "8388608,4k",
     ]);
     assert!(ok, "{err}");
     assert!(
         out.contains("sim:mcrc64") && out.contains("cpu-saving"),
         "{out}"
     );
+    // One explanation a size, in the order given; sizes take k/m suffixes.
+    let sizes: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("CRC-64/NVME"))
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    assert_eq!(sizes, ["8388608", "4096"], "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

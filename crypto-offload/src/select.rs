@@ -39,6 +39,10 @@ pub struct Candidate {
     pub cpu_time: Option<Duration>,
     /// Requests in flight on the backend now.
     pub in_flight: usize,
+    /// The part of `latency` that is powering the engine up: it is
+    /// suspended now (no session holds it), and the first request pays its
+    /// resume. The engine's latency once powered is `latency - resume`.
+    pub resume: Option<Duration>,
     /// Why the backend is not eligible, if it is not.
     pub excluded: Option<String>,
 }
@@ -72,11 +76,21 @@ impl fmt::Display for Explanation {
         for c in &self.candidates {
             match (&c.excluded, c.latency, c.cpu_time) {
                 (Some(why), _, _) => writeln!(f, "  {:<24} excluded: {why}", c.backend)?,
-                (None, Some(l), Some(cpu)) => writeln!(
-                    f,
-                    "  {:<24} latency {:>12?}  cpu {:>12?}  in flight {}",
-                    c.backend, l, cpu, c.in_flight
-                )?,
+                (None, Some(l), Some(cpu)) => {
+                    write!(
+                        f,
+                        "  {:<24} latency {:>12?}  cpu {:>12?}  in flight {}",
+                        c.backend, l, cpu, c.in_flight
+                    )?;
+                    match c.resume {
+                        Some(r) => writeln!(
+                            f,
+                            "  (suspended: {r:?} of it is the resume; {:?} once powered)",
+                            l.saturating_sub(r)
+                        )?,
+                        None => writeln!(f)?,
+                    }
+                }
                 _ => {}
             }
         }
@@ -590,6 +604,7 @@ pub(crate) fn explain(slots: &Slots, alg: Algorithm, dir: Direction, len: usize)
                     latency: None,
                     cpu_time: None,
                     in_flight,
+                    resume: None,
                     excluded: Some(why),
                 },
                 (None, Ok(p)) => Candidate {
@@ -597,6 +612,7 @@ pub(crate) fn explain(slots: &Slots, alg: Algorithm, dir: Direction, len: usize)
                     latency: Some(ns(p.latency)),
                     cpu_time: Some(ns(p.cpu)),
                     in_flight,
+                    resume: p.cold.then(|| ns(slot.model.resume_ns.get())),
                     excluded: None,
                 },
             }

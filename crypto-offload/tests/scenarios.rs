@@ -380,6 +380,24 @@ async fn a_resume_does_not_teach_the_model_that_the_engine_is_slow() {
         after.as_secs_f64() < before.as_secs_f64() * 1.1,
         "cold starts inflated the engine's prediction: {before:?} -> {after:?}"
     );
+    // Suspended now (no session): explain says how much of the engine's
+    // predicted latency is the resume, and what it is once powered.
+    let ex = offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len);
+    let engine = ex.candidates.iter().find(|c| c.backend == "sim").unwrap();
+    let (latency, resume) = (engine.latency.unwrap(), engine.resume.unwrap());
+    assert_eq!(resume, Duration::from_millis(6), "{ex}");
+    assert!(latency > resume, "{ex}");
+    assert!(ex.to_string().contains("of it is the resume"), "{ex}");
+    // Powered by a request (before its autosuspend): no resume in it.
+    let s = offload
+        .cipher(CipherAlg::Aes256Xts, &key(64))
+        .await
+        .unwrap();
+    let _ = s.encrypt(&[0; 16], buf).await.unwrap();
+    let ex = offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len);
+    let engine = ex.candidates.iter().find(|c| c.backend == "sim").unwrap();
+    assert_eq!(engine.resume, None, "{ex}");
+    assert!(engine.latency.unwrap() < latency - resume / 2, "{ex}");
 }
 
 #[tokio::test(start_paused = true)]
