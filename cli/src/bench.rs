@@ -492,6 +492,9 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
         let mut paired: Vec<Vec<Option<(f64, usize)>>> = Vec::new();
         let mut mix: Vec<Vec<u64>> = Vec::new();
         let mut model: Vec<Vec<Option<f64>>> = Vec::new();
+        // Per size, the backends that do not take it as too large (from
+        // the same explanation as `model`).
+        let mut too_large: Vec<Vec<String>> = Vec::new();
         // The calibrated model alone, asked once the engines are powered
         // (the targets' sessions hold them; a suspended engine's resume
         // would otherwise be in every prediction).
@@ -505,6 +508,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                 paired.push(Vec::new());
                 mix.push(Vec::new());
                 model.push(Vec::new());
+                too_large.push(Vec::new());
                 continue;
             }
             // Interleaved rounds, so a drift in the machine's speed touches
@@ -576,6 +580,17 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                     })
                     .collect(),
             );
+            too_large.push(
+                explained
+                    .into_iter()
+                    .filter(|c| {
+                        c.excluded
+                            .as_deref()
+                            .is_some_and(|e| e.starts_with("takes at most"))
+                    })
+                    .map(|c| c.backend)
+                    .collect(),
+            );
             // Auto (the last target) over each backend, round by round.
             paired.push(
                 (0..n - 1)
@@ -592,23 +607,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
         // an XTS request is one tweak, the VFIO device's is at most
         // 256 KiB) ran on the CPU behind its pinned session: not the
         // engine's figure, left out ("-").
-        // One explanation a size, asked once: the backends each excludes
-        // as too large.
-        let too_large: Vec<Vec<String>> = sizes
-            .iter()
-            .map(|&size| {
-                auto.explain(alg, Direction::Encrypt, size)
-                    .candidates
-                    .into_iter()
-                    .filter(|c| {
-                        c.excluded
-                            .as_deref()
-                            .is_some_and(|e| e.starts_with("takes at most"))
-                    })
-                    .map(|c| c.backend)
-                    .collect()
-            })
-            .collect();
+        // (`too_large`, from each size's explanation.)
         let backends: Vec<Series> = targets
             .iter()
             .zip(rows)
