@@ -294,7 +294,7 @@ impl Tickets {
     }
 
     /// The result if there is one: a completion is taken (the slot
-    /// freed); a failure is reported and kept (for [`Tickets::rescued`]
+    /// freed); a failure is reported and kept (for [`Ticket::give_up`]
     /// until the ticket is dropped).
     fn take(&mut self, id: u32) -> Option<Result<(DmaBuf, u32), ()>> {
         let slot = self.slots.get_mut(id as usize)?;
@@ -395,25 +395,32 @@ impl<Q: Deref<Target = Queue>> Ticket<Q> {
     /// poller) only if `lead` and nobody polls the ring.
     pub(crate) fn poll(&mut self, waker: &Waker, lead: bool) -> TicketPoll {
         let r = self.q.poll_ticket(self.id, waker, lead);
-        // A failure stays in the slot (for `rescued`) until the drop.
+        // A failure stays in the slot (for `give_up`) until the drop.
         if matches!(r, TicketPoll::Ready(Ok(_))) {
             self.settled = true;
         }
         r
     }
 
-    /// The bytes its request asked to have rescued ([`Rescue`]), wherever
-    /// its memory is now — in the device, completed, or copied out when
-    /// the device failed — read under the queue's lock, so never from
-    /// memory freed meanwhile. For a caller giving up on a request.
-    pub(crate) fn rescued(&self) -> Option<Zeroizing<Vec<u8>>> {
-        let state = self.q.lock();
-        match state.tickets.slots.get(self.id as usize)? {
-            TicketState::Failed(copy) => copy.clone(),
-            TicketState::Waiting { .. } => state.pending_rescue(self.id),
-            // Completed: the caller takes the result instead.
-            TicketState::Done(..) | TicketState::Free | TicketState::Abandoned => None,
+    /// Gives up on the request, in one look under the queue's lock: its
+    /// result if it completed after all (the caller keeps it: a
+    /// completion that comes as the caller gives up is not lost), else
+    /// the bytes its request asked to have rescued ([`Rescue`]), wherever
+    /// its memory is now — in the device, or copied out when the device
+    /// failed — never read from memory freed meanwhile. A take and a
+    /// rescue under two locks lost the input of a request completed
+    /// between them (CI, `random_cancellations_under_hangs_multi_thread`).
+    pub(crate) fn give_up(&mut self) -> Result<(DmaBuf, u32), Option<Zeroizing<Vec<u8>>>> {
+        let mut state = self.q.lock();
+        if let Some(Ok(done)) = state.tickets.take(self.id) {
+            self.settled = true;
+            return Ok(done);
         }
+        Err(match state.tickets.slots.get(self.id as usize) {
+            Some(TicketState::Failed(copy)) => copy.clone(),
+            Some(TicketState::Waiting { .. }) => state.pending_rescue(self.id),
+            _ => None,
+        })
     }
 
     /// Whether the result is there.
@@ -1717,6 +1724,53 @@ mod tests {
         ));
         drop(tickets);
         drop(buf);
+        assert_eq!(q.lock().tickets.in_use(), 0);
+    }
+
+    /// A caller giving up on an expired request gets, in one look, the
+    /// result if the device completed it meanwhile (after the caller saw
+    /// the deadline pass), else the rescued input from the memory the
+    /// device still holds, else the copy made when the device failed:
+    /// never nothing.
+    #[tokio::test(flavor = "current_thread")]
+    async fn giving_up_keeps_a_late_completion_or_rescues_the_input() {
+        let (q, mut dev, pool) = queue(8);
+        let h = TestHost::default();
+        let soon = Deadline::after(Duration::from_secs(10));
+        let then = tokio::time::Instant::now() + Duration::from_secs(15);
+        let rescue = || Some(Rescue { at: 0, len: 8 });
+        let mut tickets = Vec::new();
+        for tag in [1u64, 2, 3] {
+            let (b, chain) = tagged(&pool, tag);
+            let t = q
+                .enqueue_one(&h, &mut Some(b), chain, None, rescue(), Some(soon))
+                .await
+                .unwrap();
+            tickets.push(t);
+        }
+        q.expire(then);
+        let waker = Waker::noop().clone();
+        for t in &mut tickets {
+            assert!(matches!(t.poll(&waker, false), TicketPoll::Expired(_)));
+        }
+        // 1 completes after its caller saw the deadline pass, before it
+        // gives up: the result is kept, not lost between two looks.
+        let heads: Vec<u16> = (0..3).map(|_| dev.pop_avail().unwrap().unwrap()).collect();
+        dev.push_used(u32::from(heads[0]), 0).unwrap();
+        q.drain(&h);
+        let Ok((done, _)) = tickets[0].give_up() else {
+            panic!("a completion that came as its caller gave up was lost");
+        };
+        assert_eq!(done.read_u64(0).unwrap(), 1);
+        // 2 is still in the device: its input is read from there.
+        let copy = tickets[1].give_up().err().flatten().expect("rescued");
+        assert_eq!(copy[..], 2u64.to_le_bytes());
+        // 3's device fails: the copy made then.
+        let parked = q.fail_all();
+        let copy = tickets[2].give_up().err().flatten().expect("copied out");
+        assert_eq!(copy[..], 3u64.to_le_bytes());
+        drop(tickets);
+        drop((done, parked));
         assert_eq!(q.lock().tickets.in_use(), 0);
     }
 

@@ -485,18 +485,14 @@ impl CipherSession {
                 .map_err(|e| (e, None))?;
             match self.dev.wait_ticket(&mut ticket).await {
                 Ok((done, _)) => Ok(done),
-                Err(error) => {
-                    // Completed as the timeout fired: the result stands.
-                    if let Some(Ok((done, _))) = ticket.try_take() {
-                        return Ok(done);
-                    }
-                    // The input half (which the device only reads), from
-                    // wherever the queue keeps the memory now: in the
-                    // device, or copied out when the device failed.
-                    let copied = ticket.rescued();
-                    drop(ticket);
-                    Err((error, copied.map(|c| c.to_vec())))
-                }
+                // Completed as the timeout fired: the result stands.
+                // Otherwise the input half (which the device only reads),
+                // from wherever the queue keeps the memory now: in the
+                // device, or copied out when the device failed.
+                Err(error) => match ticket.give_up() {
+                    Ok((done, _)) => Ok(done),
+                    Err(copied) => Err((error, copied.map(|c| c.to_vec()))),
+                },
             }
         }
         .instrument(span)
