@@ -101,6 +101,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    log_to_stderr();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -143,5 +144,28 @@ fn main() -> ExitCode {
             eprintln!("offload: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `OFFLOAD_LOG` (tracing targets and levels, e.g.
+/// `crypto_offload=trace` for every observation the model learns from, or
+/// `debug`): the library's `tracing` events on standard error. Unset, none.
+fn log_to_stderr() {
+    let Ok(spec) = std::env::var("OFFLOAD_LOG") else {
+        return;
+    };
+    match spec.parse::<tracing_subscriber::filter::Targets>() {
+        Ok(filter) => {
+            use tracing_subscriber::layer::SubscriberExt as _;
+            use tracing_subscriber::util::SubscriberInitExt as _;
+            let fmt = tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false);
+            let _ = tracing_subscriber::registry()
+                .with(fmt)
+                .with(filter)
+                .try_init();
+        }
+        Err(e) => eprintln!("offload: OFFLOAD_LOG={spec:?} ignored: {e}"),
     }
 }

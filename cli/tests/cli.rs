@@ -211,3 +211,42 @@ fn bad_arguments_are_errors_not_panics() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// `OFFLOAD_LOG` turns on the library's `tracing` events: with
+/// `crypto_offload=trace` every completion the model learns from is
+/// logged with what it predicted and saw; unset, nothing is; a spec that
+/// does not parse is reported and ignored.
+#[test]
+fn offload_log_shows_what_the_model_learns_from() {
+    let bench = |log: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_offload"));
+        c.args([
+            "bench",
+            "--sim",
+            "qce",
+            "--alg",
+            "aes-256-xts",
+            "--sizes",
+            "64k",
+            "--time-ms",
+            "20",
+        ]);
+        c.env_remove("OFFLOAD_LOG");
+        if let Some(l) = log {
+            c.env("OFFLOAD_LOG", l);
+        }
+        let out = c.output().expect("the binary runs");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = bench(Some("crypto_offload=trace"));
+    let line = err
+        .lines()
+        .find(|l| l.contains("observed") && l.contains("backend=\"sim:qce\""))
+        .unwrap_or_else(|| panic!("no observation of the engine in:\n{err}"));
+    for field in ["len=65536", "expected_ns=", "observed_ns=", "correction="] {
+        assert!(line.contains(field), "{field} missing from {line}");
+    }
+    assert!(!bench(None).contains("observed"));
+    assert!(bench(Some("crypto_offload=nonsense")).contains("OFFLOAD_LOG"));
+}

@@ -257,10 +257,18 @@ impl Slots {
         expected: f64,
         observed: f64,
     ) {
-        self[id]
-            .model
-            .entry(alg, dir)
-            .observe(len, expected, observed);
+        let entry = self[id].model.entry(alg, dir);
+        entry.observe(len, expected, observed);
+        tracing::trace!(
+            backend = self[id].name(),
+            %alg,
+            ?dir,
+            len,
+            expected_ns = expected as u64,
+            observed_ns = observed as u64,
+            correction = entry.correction_at(len),
+            "observed"
+        );
         self.refresh_cpu_bound(key(alg, dir));
     }
 
@@ -276,10 +284,19 @@ impl Slots {
         ahead: f64,
         observed: f64,
     ) {
-        self[id]
-            .model
-            .entry(alg, dir)
-            .observe_loaded(len, base, ahead, observed);
+        let entry = self[id].model.entry(alg, dir);
+        entry.observe_loaded(len, base, ahead, observed);
+        tracing::trace!(
+            backend = self[id].name(),
+            %alg,
+            ?dir,
+            len,
+            base_ns = base as u64,
+            ahead,
+            observed_ns = observed as u64,
+            servers = entry.servers(),
+            "observed under load"
+        );
     }
 
     /// Recomputes, for table entry `k`, the request length under which the

@@ -429,6 +429,7 @@ impl<Q: Deref<Target = Queue>> Ticket<Q> {
     }
 
     /// The result, if it is there.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn try_take(&mut self) -> Option<Result<(DmaBuf, u32), ()>> {
         let r = self.q.lock().tickets.take(self.id);
         if matches!(r, Some(Ok(_))) {
