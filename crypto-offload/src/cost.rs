@@ -523,6 +523,49 @@ pub struct Profile {
     /// The measured entries.
     #[serde(default, rename = "entry")]
     pub entries: Vec<ProfileEntry>,
+    /// The CPU implementation each mode runs on, per size class, as
+    /// measured where the profile was made ([`crate::cpu_choice`]): loaded,
+    /// the CPU backend takes them instead of measuring at start.
+    #[serde(default, rename = "cpu_implementation")]
+    pub cpu_implementations: Vec<CpuImplementation>,
+}
+
+/// The CPU implementations of one mode in a [`Profile`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct CpuImplementation {
+    /// The mode ([`Mode::name`](crate::cpu_choice::Mode::name): `"gcm"`).
+    pub mode: String,
+    /// The implementation of small requests
+    /// ([`Implementation::name`](crate::Implementation::name)).
+    pub small: String,
+    /// The implementation of large requests.
+    pub large: String,
+}
+
+impl CpuImplementation {
+    /// `mode`'s `choice`.
+    pub fn new(mode: crate::cpu_choice::Mode, choice: crate::cpu_choice::Choice) -> Self {
+        CpuImplementation {
+            mode: mode.name().to_owned(),
+            small: choice.small.name().to_owned(),
+            large: choice.large.name().to_owned(),
+        }
+    }
+
+    /// The mode and choice, if this build has the mode and both
+    /// implementations (a profile made by a build with ring, loaded by
+    /// one without, names one it lacks: that mode is measured instead).
+    pub fn choice(&self) -> Option<(crate::cpu_choice::Mode, crate::cpu_choice::Choice)> {
+        use crate::Implementation;
+        Some((
+            crate::cpu_choice::Mode::from_name(&self.mode)?,
+            crate::cpu_choice::Choice {
+                small: Implementation::from_name(&self.small)?,
+                large: Implementation::from_name(&self.large)?,
+            },
+        ))
+    }
 }
 
 /// One measured (backend, algorithm, direction).

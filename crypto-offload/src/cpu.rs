@@ -7,6 +7,7 @@
 use async_trait::async_trait;
 use crypto_offload_fallback as fb;
 use fb::Implementation;
+use fb::choice::{Choice, Mode};
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 use crate::backend::{
@@ -18,9 +19,16 @@ use crate::error::{BackendError, Error};
 use crate::key::SecretKey;
 
 /// The CPU backend. Always present; runs every algorithm.
+///
+/// Each mode with several implementations runs, per size class, on the one
+/// measured fastest on this machine ([`cpu_choice`](crate::cpu_choice):
+/// measured once per process, the first time a key of the mode is made),
+/// unless a choice was given ([`CpuBackend::with_choice`], a loaded
+/// [`Profile`](crate::Profile)) or one implementation forced.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuBackend {
     implementation: Option<Implementation>,
+    gcm: Option<Choice>,
 }
 
 impl CpuBackend {
@@ -37,6 +45,7 @@ impl CpuBackend {
     pub fn with_implementation(imp: Implementation) -> Self {
         CpuBackend {
             implementation: Some(imp),
+            gcm: None,
         }
     }
 
@@ -45,9 +54,37 @@ impl CpuBackend {
         self.implementation
     }
 
+    /// This backend with `mode` on `choice` (e.g. from a profile saved on
+    /// this machine: no measurement at start).
+    pub fn with_choice(mut self, mode: Mode, choice: Choice) -> Self {
+        // (Modes a later fallback adds are measured until this knows them.)
+        if mode == Mode::Gcm {
+            self.gcm = Some(choice);
+        }
+        self
+    }
+
+    /// What `mode` runs on, and why.
+    pub fn choice(&self, mode: Mode) -> (Choice, ChoiceSource) {
+        let given = if mode == Mode::Gcm { self.gcm } else { None };
+        match (self.implementation, given) {
+            (Some(i), _) if mode.candidates().contains(&i) => {
+                (Choice::one(i), ChoiceSource::Forced)
+            }
+            (_, Some(c)) => (c, ChoiceSource::Given),
+            _ => (
+                crypto_offload_fallback::choice::measured(mode),
+                ChoiceSource::Measured,
+            ),
+        }
+    }
+
     pub(crate) fn cipher(&self, alg: CipherAlg, key: &[u8]) -> Result<CpuCipher, Error> {
         let map = |e| map_key_error(alg.into(), e);
-        Ok(match (alg.mode(), self.implementation) {
+        // A forced implementation that has no CTR or CBC (ring) forces GCM
+        // only.
+        let forced = self.implementation.filter(|i| i.has_ctr_and_cbc());
+        Ok(match (alg.mode(), forced) {
             (CipherMode::Cbc, None) => CpuCipher::Cbc(fb::Cbc::new(key).map_err(map)?),
             (CipherMode::Cbc, Some(i)) => {
                 CpuCipher::Cbc(fb::Cbc::with_implementation(key, i).map_err(map)?)
@@ -62,11 +99,22 @@ impl CpuBackend {
 
     pub(crate) fn aead(&self, alg: AeadAlg, key: &[u8]) -> Result<fb::Gcm, Error> {
         let map = |e| map_key_error(alg.into(), e);
-        match self.implementation {
-            None => fb::Gcm::new(key).map_err(map),
-            Some(i) => fb::Gcm::with_implementation(key, i).map_err(map),
-        }
+        let (choice, _) = self.choice(Mode::Gcm);
+        fb::Gcm::with_choice(key, choice).map_err(map)
     }
+}
+
+/// Where a [`CpuBackend`]'s choice for a mode comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ChoiceSource {
+    /// Measured in this process ([`crate::cpu_choice::measured`]).
+    Measured,
+    /// Given: a loaded profile or [`CpuBackend::with_choice`].
+    Given,
+    /// One implementation forced for every mode that has it
+    /// ([`CpuBackend::with_implementation`]).
+    Forced,
 }
 
 fn map_key_error(alg: Algorithm, e: fb::Error) -> Error {

@@ -36,8 +36,12 @@ pub use alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 // reads them should not need the implementor's module.
 pub use backend::{BackendKind, PowerStats};
 pub use buffer::{Buffer, DeviceBuf};
-pub use cost::{Cost, Direction, Profile, ProfileEntry, ProfileError};
+pub use cost::{Cost, CpuImplementation, Direction, Profile, ProfileEntry, ProfileError};
 pub use crypto_offload_fallback::Implementation;
+/// Which CPU implementation runs each mode, measured per machine: the
+/// modes, a [`Choice`](cpu_choice::Choice) per size class, and the
+/// measurement.
+pub use crypto_offload_fallback::choice as cpu_choice;
 pub use error::{Error, LengthRule, RequestError};
 pub use offload::{BackendInfo, BackendStats, Offload, OffloadBuilder};
 pub use policy::{ParsePolicyError, Policy};

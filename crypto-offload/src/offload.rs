@@ -10,6 +10,7 @@ use crypto_offload_fallback::Implementation;
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CrcAlg};
 use crate::backend::{BackendKind, SharedBackend};
 use crate::buffer::DeviceBuf;
+use crate::cost::CpuImplementation;
 use crate::cost::{Direction, Profile, ProfileEntry};
 use crate::cpu::CpuBackend;
 use crate::error::Error;
@@ -186,7 +187,20 @@ impl Offload {
         Ok(())
     }
 
-    /// The measured model, as a profile to save and load later.
+    /// The CPU implementations `mode` runs on (per size class) and where
+    /// that choice came from: measured in this process, given (a loaded
+    /// profile, [`OffloadBuilder::cpu_choice`]) or forced
+    /// ([`OffloadBuilder::cpu_implementation`]). Asking measures the mode
+    /// if nothing has yet (~2 ms).
+    pub fn cpu_choice(
+        &self,
+        mode: crate::cpu_choice::Mode,
+    ) -> (crate::cpu_choice::Choice, crate::cpu::ChoiceSource) {
+        self.slots.cpu.choice(mode)
+    }
+
+    /// The measured model, as a profile to save and load later (with the
+    /// CPU implementations chosen here: [`Offload::cpu_choice`]).
     pub fn profile(&self) -> Profile {
         let mut entries = Vec::new();
         for id in self.slots.ids() {
@@ -203,7 +217,15 @@ impl Offload {
                 });
             }
         }
-        Profile { entries }
+        let cpu = &self.slots.cpu;
+        let cpu_implementations = crate::cpu_choice::Mode::ALL
+            .into_iter()
+            .map(|mode| CpuImplementation::new(mode, cpu.choice(mode).0))
+            .collect();
+        Profile {
+            entries,
+            cpu_implementations,
+        }
     }
 
     /// Which backend a `len`-byte request of `alg` would run on now, and
@@ -453,10 +475,22 @@ impl OffloadBuilder {
         self
     }
 
-    /// Forces the CPU backend's modes onto one implementation (RustCrypto or
-    /// aws-lc), for tests and benchmarks.
+    /// Forces the CPU backend's modes onto one implementation (RustCrypto,
+    /// aws-lc, or ring for GCM), for tests and benchmarks: every mode that
+    /// has it, at every size.
     pub fn cpu_implementation(mut self, imp: Implementation) -> Self {
         self.cpu = CpuBackend::with_implementation(imp);
+        self
+    }
+
+    /// Runs CPU `mode` on `choice` (per size class) instead of the
+    /// implementations measured fastest here ([`crate::cpu_choice`]).
+    pub fn cpu_choice(
+        mut self,
+        mode: crate::cpu_choice::Mode,
+        choice: crate::cpu_choice::Choice,
+    ) -> Self {
+        self.cpu = self.cpu.with_choice(mode, choice);
         self
     }
 
@@ -465,7 +499,16 @@ impl OffloadBuilder {
     /// # Errors
     /// [`Error::UnknownBackend`] if [`pin`](Self::pin) names no backend, or
     /// if two backends share a name.
-    pub fn build(self) -> Result<Offload, Error> {
+    pub fn build(mut self) -> Result<Offload, Error> {
+        // The profile's CPU implementations, unless one is forced.
+        for (mode, choice) in self
+            .profile
+            .iter()
+            .flat_map(|p| &p.cpu_implementations)
+            .filter_map(CpuImplementation::choice)
+        {
+            self.cpu = self.cpu.with_choice(mode, choice);
+        }
         let cores = self
             .cores
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

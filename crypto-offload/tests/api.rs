@@ -458,3 +458,68 @@ async fn lengths_an_engine_cannot_take_go_to_the_cpu_not_to_a_failure() {
     assert_eq!(requests.load(std::sync::atomic::Ordering::Relaxed), 0);
     assert_eq!(offload.backends()[1].stats.failures, 0);
 }
+
+/// The CPU implementation of each mode is measured once and saved with
+/// the profile; a profile loaded elsewhere gives it (no measurement), a
+/// forced implementation overrides both, and a name this build lacks
+/// leaves the mode measured. GCM sealed under each agrees.
+#[tokio::test]
+async fn the_cpu_choice_is_measured_saved_and_loaded_with_the_profile() {
+    use crypto_offload::cpu::ChoiceSource;
+    use crypto_offload::cpu_choice::{Choice, Mode};
+    use crypto_offload::{Implementation, Profile};
+
+    let measured = Offload::builder().build().unwrap();
+    let (choice, source) = measured.cpu_choice(Mode::Gcm);
+    assert_eq!(source, ChoiceSource::Measured);
+    assert_eq!(choice, crypto_offload::cpu_choice::measured(Mode::Gcm));
+    let text = measured.profile().to_toml().unwrap();
+    assert!(text.contains("[[cpu_implementation]]"), "{text}");
+    let saved = Profile::from_toml(&text).unwrap();
+    assert_eq!(saved, measured.profile());
+
+    // Loaded: given, whatever this process would measure.
+    let other = Choice {
+        small: Implementation::RustCrypto,
+        large: *Implementation::ALL.last().unwrap(),
+    };
+    let mut given = saved.clone();
+    given.cpu_implementations = vec![crypto_offload::CpuImplementation::new(Mode::Gcm, other)];
+    let loaded = Offload::builder().profile(given.clone()).build().unwrap();
+    assert_eq!(loaded.cpu_choice(Mode::Gcm), (other, ChoiceSource::Given));
+    assert_eq!(
+        loaded.profile().cpu_implementations,
+        given.cpu_implementations
+    );
+    // Forced beats the profile.
+    let forced = Offload::builder()
+        .profile(given)
+        .cpu_implementation(Implementation::RustCrypto)
+        .build()
+        .unwrap();
+    assert_eq!(
+        forced.cpu_choice(Mode::Gcm),
+        (
+            Choice::one(Implementation::RustCrypto),
+            ChoiceSource::Forced
+        )
+    );
+    // A name this build lacks: measured.
+    let unknown = Profile::from_toml(
+        "[[cpu_implementation]]\nmode = \"gcm\"\nsmall = \"no-such\"\nlarge = \"ring\"\n",
+    )
+    .unwrap();
+    let fresh = Offload::builder().profile(unknown).build().unwrap();
+    assert_eq!(fresh.cpu_choice(Mode::Gcm).1, ChoiceSource::Measured);
+
+    // The same bytes whichever runs, on both sides of the size classes.
+    let k = key(32);
+    for len in [0usize, 100, crypto_offload::cpu_choice::SMALL_MAX + 1, 5000] {
+        let mut sealed = Vec::new();
+        for o in [&measured, &loaded, &forced] {
+            let s = o.aead(AeadAlg::Aes256Gcm, &k).await.unwrap();
+            sealed.push(s.seal(&[9; 12], b"aad", vec![7u8; len]).await.unwrap());
+        }
+        assert!(sealed.windows(2).all(|w| w[0] == w[1]), "len {len}");
+    }
+}

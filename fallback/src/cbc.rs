@@ -68,7 +68,8 @@ impl Cbc {
     /// Expands a key for a chosen implementation.
     ///
     /// # Errors
-    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
+    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes;
+    /// [`Error::Unavailable`] for ring (GCM only).
     pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
         let aes = Aes::new(key, ALG)?;
         let imp = match imp {
@@ -83,6 +84,13 @@ impl Cbc {
                     dec: crate::aws_lc::cipher_key(key, size, ALG, DecryptingKey::cbc)?,
                     size,
                 }
+            }
+            #[cfg(feature = "ring")]
+            Implementation::Ring => {
+                return Err(Error::Unavailable {
+                    alg: ALG,
+                    implementation: imp,
+                });
             }
         };
         Ok(Cbc { imp })

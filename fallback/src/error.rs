@@ -43,6 +43,15 @@ pub enum Error {
     /// unspecified.
     #[error("the {0:?} implementation failed unexpectedly")]
     ImplementationFailure(crate::Implementation),
+    /// The implementation asked for does not run this algorithm or key
+    /// size (ring has no AES-192-GCM, and no CTR, CBC or XTS).
+    #[error("{alg} is not available on the {implementation:?} implementation")]
+    Unavailable {
+        /// The algorithm, e.g. `"AES-192-GCM"`.
+        alg: &'static str,
+        /// The implementation asked for.
+        implementation: crate::Implementation,
+    },
     /// A CRC did not match the expected value.
     #[error("checksum mismatch: expected {expected:#x}, computed {computed:#x}")]
     ChecksumMismatch {

@@ -11,6 +11,7 @@ use cipher::consts::U12;
 use zeroize::Zeroize;
 
 use crate::block_cipher::KeySize;
+use crate::choice::{self, Choice, Mode};
 use crate::{Error, Implementation, LengthRule};
 
 const ALG: &str = "AES-GCM";
@@ -29,7 +30,11 @@ type Aes192Gcm = AesGcm<aes::Aes192, U12>;
 
 /// An AES-GCM key.
 pub struct Gcm {
+    /// The implementation of requests up to [`choice::SMALL_MAX`] bytes.
     imp: Imp,
+    /// The one of longer requests, when the choice differs by size (boxed:
+    /// a large request does not feel the pointer).
+    large: Option<Box<Imp>>,
     /// The key itself, for the parallel path's CTR key (built per request:
     /// ~100 ns beside a request long enough to split). Wiped on drop.
     key: KeyBytes,
@@ -38,6 +43,16 @@ pub struct Gcm {
 struct KeyBytes {
     bytes: [u8; 32],
     len: usize,
+}
+
+impl KeyBytes {
+    /// `key` (at most 32 bytes: checked by the key schedule first).
+    fn new(key: &[u8]) -> Self {
+        let mut bytes = [0u8; 32];
+        let len = key.len().min(32);
+        bytes[..len].copy_from_slice(&key[..len]);
+        KeyBytes { bytes, len }
+    }
 }
 
 impl Drop for KeyBytes {
@@ -54,45 +69,19 @@ enum Imp {
     A256(Aes256Gcm),
     #[cfg(feature = "aws-lc")]
     AwsLc(aws_lc_rs::aead::LessSafeKey, KeySize),
+    #[cfg(feature = "ring")]
+    Ring(ring::aead::LessSafeKey, KeySize),
 }
 
-impl core::fmt::Debug for Gcm {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Gcm")
-            .field("key_size", &self.key_size())
-            .field("implementation", &self.implementation())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Gcm {
-    /// The implementation [`Gcm::new`] picks (the faster one measured here).
-    #[cfg(feature = "aws-lc")]
-    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::AwsLc;
-    /// The implementation [`Gcm::new`] picks (the faster one measured here).
-    #[cfg(not(feature = "aws-lc"))]
-    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::RustCrypto;
-
-    /// Expands a 16-, 24- or 32-byte key with the default implementation.
-    ///
-    /// # Errors
-    /// [`Error::KeyLength`] for any other length.
-    pub fn new(key: &[u8]) -> Result<Self, Error> {
-        Self::with_implementation(key, Self::DEFAULT_IMPLEMENTATION)
-    }
-
-    /// Expands a key for a chosen implementation.
-    ///
-    /// # Errors
-    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
-    pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
+impl Imp {
+    fn new(key: &[u8], imp: Implementation) -> Result<Imp, Error> {
         let bad_key = Error::KeyLength {
             alg: ALG,
             len: key.len(),
             expected: "16, 24 or 32 bytes",
         };
         let size = KeySize::from_len(key.len()).ok_or(bad_key)?;
-        let imp = match imp {
+        Ok(match imp {
             Implementation::RustCrypto => match size {
                 KeySize::Aes128 => Imp::A128(Aes128Gcm::new_from_slice(key).map_err(|_| bad_key)?),
                 KeySize::Aes192 => Imp::A192(Aes192Gcm::new_from_slice(key).map_err(|_| bad_key)?),
@@ -113,16 +102,127 @@ impl Gcm {
                     size,
                 )
             }
+            #[cfg(feature = "ring")]
+            Implementation::Ring => {
+                use ring::aead::{AES_128_GCM, AES_256_GCM, LessSafeKey, UnboundKey};
+                let alg = match size {
+                    KeySize::Aes128 => &AES_128_GCM,
+                    KeySize::Aes256 => &AES_256_GCM,
+                    KeySize::Aes192 => {
+                        return Err(Error::Unavailable {
+                            alg: "AES-192-GCM",
+                            implementation: imp,
+                        });
+                    }
+                };
+                Imp::Ring(
+                    LessSafeKey::new(UnboundKey::new(alg, key).map_err(|_| bad_key)?),
+                    size,
+                )
+            }
+        })
+    }
+
+    fn key_size(&self) -> KeySize {
+        match self {
+            Imp::A128(_) => KeySize::Aes128,
+            Imp::A192(_) => KeySize::Aes192,
+            Imp::A256(_) => KeySize::Aes256,
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc(_, size) => *size,
+            #[cfg(feature = "ring")]
+            Imp::Ring(_, size) => *size,
+        }
+    }
+
+    fn implementation(&self) -> Implementation {
+        match self {
+            Imp::A128(_) | Imp::A192(_) | Imp::A256(_) => Implementation::RustCrypto,
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc(..) => Implementation::AwsLc,
+            #[cfg(feature = "ring")]
+            Imp::Ring(..) => Implementation::Ring,
+        }
+    }
+}
+
+impl core::fmt::Debug for Gcm {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Gcm")
+            .field("key_size", &self.key_size())
+            .field("choice", &self.choice())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gcm {
+    /// The build's preferred implementation, which [`Gcm::new`] keeps
+    /// unless another measures clearly faster on this machine
+    /// ([`choice::default_choice`]).
+    #[cfg(feature = "aws-lc")]
+    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::AwsLc;
+    /// The build's preferred implementation, which [`Gcm::new`] keeps
+    /// unless another measures clearly faster on this machine
+    /// ([`choice::default_choice`]).
+    #[cfg(not(feature = "aws-lc"))]
+    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::RustCrypto;
+
+    /// Expands a 16-, 24- or 32-byte key on the implementations measured
+    /// fastest on this machine, per size class ([`choice::measured`]: the
+    /// first key in a process measures them, ~2 ms).
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for any other length.
+    pub fn new(key: &[u8]) -> Result<Self, Error> {
+        Self::with_choice(key, choice::measured(Mode::Gcm))
+    }
+
+    /// Expands a key for a chosen implementation.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes;
+    /// [`Error::Unavailable`] for an implementation that does not take
+    /// this key size (ring has no AES-192-GCM).
+    pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
+        Ok(Gcm {
+            imp: Imp::new(key, imp)?,
+            large: None,
+            key: KeyBytes::new(key),
+        })
+    }
+
+    /// Expands a key for `choice` (one implementation for small requests,
+    /// one for large: e.g. a choice saved in a profile). An implementation
+    /// that does not take the key size (ring and AES-192) is replaced by
+    /// the build's default.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
+    pub fn with_choice(key: &[u8], choice: Choice) -> Result<Self, Error> {
+        let make = |imp| match Imp::new(key, imp) {
+            Err(Error::Unavailable { .. }) => Imp::new(key, Self::DEFAULT_IMPLEMENTATION),
+            other => other,
         };
-        let mut bytes = [0u8; 32];
-        bytes[..key.len()].copy_from_slice(key);
+        let imp = make(choice.small)?;
+        let large = if choice.large == choice.small {
+            None
+        } else {
+            Some(Box::new(make(choice.large)?))
+        };
         Ok(Gcm {
             imp,
-            key: KeyBytes {
-                bytes,
-                len: key.len(),
-            },
+            large,
+            key: KeyBytes::new(key),
         })
+    }
+
+    /// The implementation of a `len`-byte request.
+    #[inline]
+    fn imp_for(&self, len: usize) -> &Imp {
+        match &self.large {
+            Some(large) if len > choice::SMALL_MAX => large,
+            _ => &self.imp,
+        }
     }
 
     pub(crate) fn key_bytes(&self) -> &[u8] {
@@ -131,21 +231,28 @@ impl Gcm {
 
     /// The AES key size.
     pub fn key_size(&self) -> KeySize {
-        match &self.imp {
-            Imp::A128(_) => KeySize::Aes128,
-            Imp::A192(_) => KeySize::Aes192,
-            Imp::A256(_) => KeySize::Aes256,
-            #[cfg(feature = "aws-lc")]
-            Imp::AwsLc(_, size) => *size,
-        }
+        self.imp.key_size()
     }
 
-    /// The implementation this key runs on.
+    /// The implementation of small requests (at most
+    /// [`choice::SMALL_MAX`] bytes); [`Gcm::choice`] has both.
     pub fn implementation(&self) -> Implementation {
-        match &self.imp {
-            Imp::A128(_) | Imp::A192(_) | Imp::A256(_) => Implementation::RustCrypto,
-            #[cfg(feature = "aws-lc")]
-            Imp::AwsLc(..) => Implementation::AwsLc,
+        self.imp.implementation()
+    }
+
+    /// The implementation of a `len`-byte request.
+    pub fn implementation_for(&self, len: usize) -> Implementation {
+        self.imp_for(len).implementation()
+    }
+
+    /// The implementations this key runs small and large requests on.
+    pub fn choice(&self) -> Choice {
+        Choice {
+            small: self.imp.implementation(),
+            large: self
+                .large
+                .as_ref()
+                .map_or(self.imp.implementation(), |l| l.implementation()),
         }
     }
 
@@ -162,8 +269,9 @@ impl Gcm {
         data: &mut [u8],
     ) -> Result<Tag, Error> {
         check_len(data.len())?;
-        let failed = Error::ImplementationFailure(self.implementation());
-        match &self.imp {
+        let imp = self.imp_for(data.len());
+        let failed = Error::ImplementationFailure(imp.implementation());
+        match imp {
             Imp::A128(k) => Ok(k
                 .encrypt_inout_detached(&(*nonce).into(), aad, data.into())
                 .map_err(|_| failed)?
@@ -179,6 +287,20 @@ impl Gcm {
             #[cfg(feature = "aws-lc")]
             Imp::AwsLc(k, _) => {
                 use aws_lc_rs::aead::{Aad, Nonce};
+                let tag = k
+                    .seal_in_place_separate_tag(
+                        Nonce::assume_unique_for_key(*nonce),
+                        Aad::from(aad),
+                        data,
+                    )
+                    .map_err(|_| failed)?;
+                let mut out = [0u8; TAG_LEN];
+                out.copy_from_slice(tag.as_ref());
+                Ok(out)
+            }
+            #[cfg(feature = "ring")]
+            Imp::Ring(k, _) => {
+                use ring::aead::{Aad, Nonce};
                 let tag = k
                     .seal_in_place_separate_tag(
                         Nonce::assume_unique_for_key(*nonce),
@@ -209,7 +331,7 @@ impl Gcm {
         tag: &Tag,
     ) -> Result<(), Error> {
         check_len(data.len())?;
-        let ok = match &self.imp {
+        let ok = match self.imp_for(data.len()) {
             Imp::A128(k) => k
                 .decrypt_inout_detached(&(*nonce).into(), aad, data.into(), tag.into())
                 .is_ok(),
@@ -230,11 +352,24 @@ impl Gcm {
                 )
                 .is_ok()
             }
+            #[cfg(feature = "ring")]
+            Imp::Ring(k, _) => {
+                use ring::aead::{Aad, Nonce};
+                k.open_in_place_separate_tag(
+                    Nonce::assume_unique_for_key(*nonce),
+                    Aad::from(aad),
+                    ring::aead::Tag::from(*tag),
+                    data,
+                    0..,
+                )
+                .is_ok()
+            }
         };
         if ok {
             Ok(())
         } else {
-            // aws-lc may have written unauthenticated plaintext; wipe it.
+            // aws-lc and ring may have written unauthenticated plaintext
+            // (ring documents that it may); wipe it.
             data.zeroize();
             Err(Error::Authentication)
         }

@@ -101,7 +101,13 @@ impl Gcm {
     pub const PARALLEL_MIN_THREADS: usize = 2;
 
     fn setup(&self, nonce: &[u8; NONCE_LEN]) -> Result<Setup, Error> {
-        let ctr = Ctr::with_implementation(self.key_bytes(), self.implementation())?;
+        // The large requests' implementation (these are), or the CTR's own
+        // choice where it has no CTR (ring).
+        let ctr =
+            match Ctr::with_implementation(self.key_bytes(), self.implementation_for(usize::MAX)) {
+                Err(Error::Unavailable { .. }) => Ctr::new(self.key_bytes())?,
+                other => other?,
+            };
         let mut j0 = [0u8; 16];
         j0[..NONCE_LEN].copy_from_slice(nonce);
         j0[15] = 1;
@@ -123,15 +129,16 @@ impl Gcm {
         if data.is_empty() {
             return Ok([0; 16]);
         }
-        match self.implementation() {
+        match self.implementation_for(usize::MAX) {
             Implementation::RustCrypto => {
                 let _ = nonce; // the hash key is all GHASH needs
                 let mut g = GHash::new(&(*s.h).into());
                 g.update_padded(data);
                 Ok(mul(&g.finalize().into(), &s.h))
             }
-            #[cfg(feature = "aws-lc")]
-            Implementation::AwsLc => {
+            // A fused GCM (aws-lc, ring): the tag of `data` as AAD.
+            #[cfg(any(feature = "aws-lc", feature = "ring"))]
+            _ => {
                 // tag = E(J₀) ⊕ Z(data)·H ⊕ L·H, with L = lengths(data, 0).
                 let mut w = self.seal_in_place_detached(nonce, data, &mut [])?;
                 xor(&mut w, &s.ek_j0);

@@ -3,9 +3,12 @@
 /// A CPU implementation of the AES modes.
 ///
 /// Every mode has a pure-Rust RustCrypto implementation; with the `aws-lc`
-/// feature (on by default) GCM, CTR and CBC can also run on aws-lc-rs. Each
-/// mode's `new` picks the faster one on this machine (see the crate README
-/// for the measurements); `with_implementation` forces one, and
+/// feature (on by default) GCM, CTR and CBC can also run on aws-lc-rs, and
+/// with the `ring` feature (on by default) GCM on ring. Which is fastest
+/// depends on the CPU (on AVX2-only VAES machines such as AMD Zen 3 ring's
+/// GCM runs at twice aws-lc's; on AVX-512 ones aws-lc's is ahead), so each
+/// mode's `new` takes the one measured fastest on this machine, per size
+/// class ([`crate::choice`]); `with_implementation` forces one, and
 /// `implementation()` tells which one a key uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -16,6 +19,11 @@ pub enum Implementation {
     /// aws-lc-rs (AWS-LC's assembly for AES-NI, VAES and PCLMUL/VPCLMUL).
     #[cfg(feature = "aws-lc")]
     AwsLc,
+    /// ring (BoringSSL's assembly: VAES + VPCLMULQDQ with AVX2 or AVX-512,
+    /// AES-NI + PCLMULQDQ, and a constant-time fallback). GCM with 128- and
+    /// 256-bit keys only.
+    #[cfg(feature = "ring")]
+    Ring,
 }
 
 impl Implementation {
@@ -24,6 +32,8 @@ impl Implementation {
         Implementation::RustCrypto,
         #[cfg(feature = "aws-lc")]
         Implementation::AwsLc,
+        #[cfg(feature = "ring")]
+        Implementation::Ring,
     ];
 
     /// A short name for reports and benchmarks.
@@ -32,6 +42,26 @@ impl Implementation {
             Implementation::RustCrypto => "rustcrypto",
             #[cfg(feature = "aws-lc")]
             Implementation::AwsLc => "aws-lc",
+            #[cfg(feature = "ring")]
+            Implementation::Ring => "ring",
         }
+    }
+
+    /// Whether it runs AES-CTR and AES-CBC (ring runs GCM only).
+    pub const fn has_ctr_and_cbc(self) -> bool {
+        match self {
+            #[cfg(feature = "ring")]
+            Implementation::Ring => false,
+            _ => true,
+        }
+    }
+
+    /// The implementation named `name` ([`Implementation::name`]), if this
+    /// build has it.
+    pub fn from_name(name: &str) -> Option<Implementation> {
+        Implementation::ALL
+            .iter()
+            .copied()
+            .find(|i| i.name() == name)
     }
 }

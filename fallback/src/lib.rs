@@ -3,6 +3,7 @@
 
 mod block_cipher;
 mod cbc;
+pub mod choice;
 mod crc;
 mod ctr;
 mod error;
