@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use cpu_time::ProcessTime;
 use crypto_offload::{
-    AeadSession, Algorithm, CipherMode, CipherSession, CrcSession, Direction, Offload,
+    AeadSession, Algorithm, CipherMode, CipherSession, CrcSession, Direction, Implementation,
+    Offload,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -53,6 +54,37 @@ pub struct BenchArgs {
     /// and at the sizes of the run.
     #[arg(long, value_name = "BACKEND")]
     pub control: Option<String>,
+    /// Also measure the CPU forced onto each of its implementations of the
+    /// algorithm (`cpu/ring`, `cpu/aws-lc`, `cpu/rustcrypto`, where it has
+    /// more than one) beside `cpu` as chosen on this machine: every
+    /// candidate side by side, and the oracle the fastest of them.
+    #[arg(long)]
+    pub cpu_candidates: bool,
+}
+
+/// The CPU implementations `alg` can be forced onto, when it has a choice.
+fn cpu_candidates(alg: Algorithm) -> Vec<Implementation> {
+    use crypto_offload::cpu_choice::Mode;
+    let all: Vec<Implementation> = match alg {
+        Algorithm::Aead(_) => Mode::Gcm.candidates().to_vec(),
+        Algorithm::Cipher(c) if matches!(c.mode(), CipherMode::Cbc | CipherMode::Ctr) => {
+            Implementation::ALL
+                .iter()
+                .copied()
+                .filter(|i| i.has_ctr_and_cbc())
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    if all.len() > 1 { all } else { Vec::new() }
+}
+
+/// Whether a row is the CPU's: `cpu` as chosen, or a forced candidate.
+fn is_cpu(name: &str, cpu_name: &str) -> bool {
+    name == cpu_name
+        || name
+            .strip_prefix(cpu_name)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// How long one measuring round of a target lasts (at least one request).
@@ -142,7 +174,7 @@ pub fn measured_crossover(
     let best = |i: usize, cpu: bool| {
         backends
             .iter()
-            .filter(|s| (s.backend == cpu_name) == cpu)
+            .filter(|s| is_cpu(&s.backend, cpu_name) == cpu)
             .filter_map(|s| s.points.get(i)?.as_ref().map(|p| p.throughput))
             .reduce(f64::max)
     };
@@ -450,7 +482,12 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                 .into_iter()
                 .filter(|b| b.algorithms.contains(&a))
                 .count();
-            (backends + 1) * sizes.iter().filter(|&&s| fits(a, s)).count()
+            let candidates = if args.cpu_candidates {
+                cpu_candidates(a).len()
+            } else {
+                0
+            };
+            (backends + candidates + 1) * sizes.iter().filter(|&&s| fits(a, s)).count()
         })
         .sum();
     let bar = if args.json {
@@ -478,6 +515,16 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                     .pin(name.clone())
                     .build()?;
                 targets.push((name.clone(), pinned));
+            }
+        }
+        if args.cpu_candidates {
+            for imp in cpu_candidates(alg) {
+                let forced = setup::builder(&args.backends, &sims)?
+                    .profile(profile.clone())
+                    .pin("cpu")
+                    .cpu_implementation(imp)
+                    .build()?;
+                targets.push((format!("cpu/{}", imp.name()), forced));
             }
         }
         let last = match &args.control {
@@ -695,7 +742,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
         let missing: Vec<&str> = results
             .iter()
             .filter(|r| {
-                r.backends.iter().any(|s| s.backend != "cpu") && r.calibrated_break_even.is_none()
+                r.backends.iter().any(|s| !is_cpu(&s.backend, "cpu"))
+                    && r.calibrated_break_even.is_none()
             })
             .map(|r| r.alg.as_str())
             .collect();
@@ -870,6 +918,15 @@ mod tests {
         let b = series("vfio:b", &[1.0, 6.0, 1.0, 1.0, 1.0]);
         let all = [cpu.clone(), a.clone(), b];
         assert_eq!(measured_crossover(&sizes, &all, "cpu"), Some((4096, 8192)));
+        // A forced CPU candidate is the CPU's (here faster than the
+        // chosen one at 8 KiB): not an engine, and it moves the crossover.
+        let ring = series("cpu/ring", &[5.0, 5.0, 5.0, 7.0, 5.0]);
+        let with = [cpu.clone(), ring, a.clone()];
+        assert_eq!(
+            measured_crossover(&sizes, &with, "cpu"),
+            Some((8192, 16384))
+        );
+        assert!(is_cpu("cpu/aws-lc", "cpu") && !is_cpu("cpux", "cpu"));
         assert!(within_twice(8192, (4096, 8192)));
         assert!(within_twice(3000, (4096, 8192)));
         assert!(within_twice(16384, (4096, 8192)));

@@ -183,9 +183,115 @@ pub async fn probe(b: &Backends) -> Result<(), Error> {
             algs.join(" ")
         );
     }
+    println!("\n{}", cpu_line());
+    print!("{}", cpu_implementations(&offload));
     println!("\n{}", af_alg(b)?.1);
     println!("{}", vfio().1);
     Ok(())
+}
+
+/// The CPU, and the features its implementations choose by: `CPU: <model>
+/// (family F model M); aes pclmulqdq …; without avx512f …`.
+pub fn cpu_line() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |k: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|n| n.trim() == k))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let model = field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_owned());
+    let family = match (field("cpu family"), field("model")) {
+        (Some(f), Some(m)) => format!(" (family {f} model {m})"),
+        _ => String::new(),
+    };
+    let (has, lacks) = cpu_features();
+    let lacks = if lacks.is_empty() {
+        String::new()
+    } else {
+        format!("; without {}", lacks.join(" "))
+    };
+    format!("CPU: {model}{family}; {}{lacks}", has.join(" "))
+}
+
+/// The CPU features the AES and CRC code paths choose by: (present, absent).
+fn cpu_features() -> (Vec<&'static str>, Vec<&'static str>) {
+    let mut has = Vec::new();
+    let mut lacks = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! check {
+            ($($f:tt),*) => {$(
+                if std::arch::is_x86_feature_detected!($f) { has.push($f) } else { lacks.push($f) }
+            )*};
+        }
+        check!(
+            "aes",
+            "pclmulqdq",
+            "sse4.2",
+            "avx2",
+            "vaes",
+            "vpclmulqdq",
+            "avx512f"
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        macro_rules! check {
+            ($($f:tt),*) => {$(
+                if std::arch::is_aarch64_feature_detected!($f) { has.push($f) } else { lacks.push($f) }
+            )*};
+        }
+        check!("aes", "pmull", "crc", "sha3");
+    }
+    (has, lacks)
+}
+
+/// Per CPU mode, the implementations chosen for small and large requests
+/// and why: the measured time a request of every candidate, or where the
+/// choice was given.
+pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
+    use crypto_offload::cpu::ChoiceSource;
+    use crypto_offload::cpu_choice::{self, LARGE_PROBE, Mode, SMALL_MAX, SMALL_PROBE};
+    let mut out = format!(
+        "CPU implementations (small: at most {SMALL_MAX} B; ns a request at {SMALL_PROBE} B / {} KiB):\n",
+        LARGE_PROBE >> 10
+    );
+    for mode in Mode::ALL {
+        let (choice, source) = offload.cpu_choice(mode);
+        let why = match source {
+            ChoiceSource::Measured => {
+                let m = cpu_choice::measured_full(mode);
+                let each: Vec<String> = m
+                    .timings
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "{} {} / {}",
+                            t.implementation.name(),
+                            t.small.as_nanos(),
+                            t.large.as_nanos()
+                        )
+                    })
+                    .collect();
+                format!(
+                    "measured in {:.1} ms: {}",
+                    m.took.as_secs_f64() * 1e3,
+                    each.join(", ")
+                )
+            }
+            ChoiceSource::Given => "from the profile".to_owned(),
+            ChoiceSource::Forced => "forced".to_owned(),
+            _ => format!("{source:?}"),
+        };
+        out += &format!(
+            "  {:<6} small {:<10} large {:<10} ({why})\n",
+            mode.name(),
+            choice.small.name(),
+            choice.large.name()
+        );
+    }
+    out
 }
 
 pub async fn calibrate(b: &Backends, out: Option<PathBuf>) -> Result<(), Error> {

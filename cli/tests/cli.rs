@@ -22,6 +22,20 @@ fn probe_lists_the_cpu_and_the_simulated_engines() {
     for name in ["cpu", "sim:qce", "sim:mcrc64", "AF_ALG", "VFIO"] {
         assert!(out.contains(name), "{name} missing from:\n{out}");
     }
+    // The CPU and, per mode, the implementation chosen and the timings it
+    // was chosen by (every candidate of this build).
+    assert!(out.contains("CPU: "), "{out}");
+    let gcm = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("gcm "))
+        .unwrap_or_else(|| panic!("no GCM choice in:\n{out}"));
+    assert!(gcm.contains("measured in"), "{gcm}");
+    for imp in crypto_offload::Implementation::ALL {
+        assert!(
+            gcm.contains(&format!("{} ", imp.name())),
+            "{imp:?} not timed: {gcm}"
+        );
+    }
     assert!(out.contains("CRC-64/NVME"));
     // The simulator is `BackendKind::Other` to crypto-offload; probe still
     // calls the engines it added simulated.
@@ -249,4 +263,45 @@ fn offload_log_shows_what_the_model_learns_from() {
     }
     assert!(!bench(None).contains("observed"));
     assert!(bench(Some("crypto_offload=nonsense")).contains("OFFLOAD_LOG"));
+}
+
+/// `--cpu-candidates`: the CPU forced onto each of its GCM
+/// implementations, measured beside the CPU as chosen here, each its own
+/// row; Auto's oracle is the fastest of them all.
+#[test]
+fn cpu_candidates_are_measured_side_by_side() {
+    let (ok, out, err) = offload(&[
+        "bench",
+        "--alg",
+        "aes-128-gcm",
+        "--sizes",
+        "64,16k",
+        "--time-ms",
+        "20",
+        "--cpu-candidates",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let rows: Vec<&str> = v[0]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["backend"].as_str().unwrap())
+        .collect();
+    let mut want = vec!["cpu".to_owned()];
+    want.extend(
+        crypto_offload::cpu_choice::Mode::Gcm
+            .candidates()
+            .iter()
+            .map(|i| format!("cpu/{}", i.name())),
+    );
+    assert_eq!(rows, want, "{out}");
+    for b in v[0]["backends"].as_array().unwrap() {
+        for p in b["points"].as_array().unwrap() {
+            assert!(p["throughput"].as_f64().unwrap() > 0.0, "{b}");
+        }
+    }
+    let (ok, out, _) = offload(&["bench", "--help"]);
+    assert!(ok && out.contains("--cpu-candidates"));
 }
