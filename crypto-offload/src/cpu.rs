@@ -64,9 +64,18 @@ impl CpuBackend {
         self
     }
 
-    /// What `mode` runs on, and why.
+    /// The choice given for `mode` (a profile, [`CpuBackend::with_choice`]),
+    /// if any; nothing is measured.
+    pub fn given(&self, mode: Mode) -> Option<Choice> {
+        if mode == Mode::Gcm { self.gcm } else { None }
+    }
+
+    /// What `mode` runs on, and why (measuring it if nothing was given or
+    /// forced and it has not been yet). A forced or given implementation
+    /// that does not take a key's size (ring and AES-192) runs that key on
+    /// the build's default instead.
     pub fn choice(&self, mode: Mode) -> (Choice, ChoiceSource) {
-        let given = if mode == Mode::Gcm { self.gcm } else { None };
+        let given = self.given(mode);
         match (self.implementation, given) {
             (Some(i), _) if mode.candidates().contains(&i) => {
                 (Choice::one(i), ChoiceSource::Forced)

@@ -500,14 +500,17 @@ impl OffloadBuilder {
     /// [`Error::UnknownBackend`] if [`pin`](Self::pin) names no backend, or
     /// if two backends share a name.
     pub fn build(mut self) -> Result<Offload, Error> {
-        // The profile's CPU implementations, unless one is forced.
+        // The profile's CPU implementations, where `cpu_choice` gave none
+        // (a forced implementation wins over both).
         for (mode, choice) in self
             .profile
             .iter()
             .flat_map(|p| &p.cpu_implementations)
             .filter_map(CpuImplementation::choice)
         {
-            self.cpu = self.cpu.with_choice(mode, choice);
+            if self.cpu.given(mode).is_none() {
+                self.cpu = self.cpu.with_choice(mode, choice);
+            }
         }
         let cores = self
             .cores

@@ -491,6 +491,14 @@ async fn the_cpu_choice_is_measured_saved_and_loaded_with_the_profile() {
         loaded.profile().cpu_implementations,
         given.cpu_implementations
     );
+    // An explicit choice beats the profile's, whichever is set first.
+    let mine = Choice::one(Implementation::RustCrypto);
+    let explicit = Offload::builder()
+        .cpu_choice(Mode::Gcm, mine)
+        .profile(given.clone())
+        .build()
+        .unwrap();
+    assert_eq!(explicit.cpu_choice(Mode::Gcm), (mine, ChoiceSource::Given));
     // Forced beats the profile.
     let forced = Offload::builder()
         .profile(given)

@@ -69,8 +69,14 @@ enum Imp {
     A256(Aes256Gcm),
     #[cfg(feature = "aws-lc")]
     AwsLc(aws_lc_rs::aead::LessSafeKey, KeySize),
+    /// ring's key has no `Zeroize` (its round keys and GHASH table are
+    /// inline, the first round key is the AES-128 key itself): boxed in
+    /// `Wiped`, zeroed once dropped.
     #[cfg(feature = "ring")]
-    Ring(ring::aead::LessSafeKey, KeySize),
+    Ring(
+        crypto_offload_native::Wiped<ring::aead::LessSafeKey>,
+        KeySize,
+    ),
 }
 
 impl Imp {
@@ -116,7 +122,9 @@ impl Imp {
                     }
                 };
                 Imp::Ring(
-                    LessSafeKey::new(UnboundKey::new(alg, key).map_err(|_| bad_key)?),
+                    crypto_offload_native::Wiped::new(LessSafeKey::new(
+                        UnboundKey::new(alg, key).map_err(|_| bad_key)?,
+                    )),
                     size,
                 )
             }

@@ -56,6 +56,42 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// The parallel path (CTR and GHASH in chunks) on a split key: its
+    /// CTR and hash come from the large requests' implementation, the
+    /// hash of a chunk through a seal on the small one's — the same bytes
+    /// and tag whichever pair.
+    #[test]
+    fn a_split_key_on_several_threads_is_one_gcm(
+        len in SMALL_MAX + 1..40_000usize,
+        threads in 2usize..5,
+        seed: u64,
+    ) {
+        let key = bytes(32, seed ^ 3);
+        let nonce = [seed as u8 ^ 0x33; 12];
+        let aad = bytes(seed as usize % 70, seed);
+        let pt = bytes(len, seed);
+        let mut want = pt.clone();
+        let want_tag = reference(&key, &nonce, &aad, &mut want);
+        for &small in Mode::Gcm.candidates() {
+            for &large in Mode::Gcm.candidates() {
+                let gcm = Gcm::with_choice(&key, Choice { small, large }).unwrap();
+                let mut got = pt.clone();
+                let tag = gcm
+                    .seal_in_place_detached_parallel(&nonce, &aad, &mut got, threads)
+                    .unwrap();
+                prop_assert_eq!(&got, &want, "{:?}/{:?} ciphertext", small, large);
+                prop_assert_eq!(tag, want_tag, "{:?}/{:?} tag", small, large);
+                gcm.open_in_place_detached_parallel(&nonce, &aad, &mut got, &tag, threads)
+                    .unwrap();
+                prop_assert_eq!(&got, &pt);
+            }
+        }
+    }
+}
+
 /// Set in the child this test file runs of itself.
 const CHILD: &str = "CRYPTO_OFFLOAD_CHOICE_CHILD";
 

@@ -496,7 +496,9 @@ fn debug_output_shows_no_key_material() {
 /// path's `ghash::GHash` wipes its state in `polyval`'s `Drop` under its
 /// `zeroize` feature but has no marker trait to assert; `Gcm`'s copy of the
 /// key wipes itself in its own `Drop`; aws-lc-rs frees keys with
-/// `OPENSSL_cleanse`.)
+/// `OPENSSL_cleanse`; ring's keys, which have no zeroize, are kept in
+/// `crypto_offload_native::Wiped`, whose test checks what the allocator
+/// gets back.)
 #[test]
 fn key_schedules_are_wiped_on_drop() {
     fn wiped_on_drop<T: zeroize::ZeroizeOnDrop>() {}

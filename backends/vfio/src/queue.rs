@@ -410,7 +410,10 @@ impl<Q: Deref<Target = Queue>> Ticket<Q> {
     /// failed — never read from memory freed meanwhile. A take and a
     /// rescue under two locks lost the input of a request completed
     /// between them (CI, `random_cancellations_under_hangs_multi_thread`).
-    pub(crate) fn give_up(&mut self) -> Result<(DmaBuf, u32), Option<Zeroizing<Vec<u8>>>> {
+    ///
+    /// Consumes the ticket: once a result is taken its slot is free for
+    /// another request, which a second look would take instead.
+    pub(crate) fn give_up(mut self) -> Result<(DmaBuf, u32), Option<Zeroizing<Vec<u8>>>> {
         let mut state = self.q.lock();
         if let Some(Ok(done)) = state.tickets.take(self.id) {
             self.settled = true;
@@ -1759,18 +1762,20 @@ mod tests {
         let heads: Vec<u16> = (0..3).map(|_| dev.pop_avail().unwrap().unwrap()).collect();
         dev.push_used(u32::from(heads[0]), 0).unwrap();
         q.drain(&h);
-        let Ok((done, _)) = tickets[0].give_up() else {
+        let mut tickets = tickets.into_iter();
+        let mut next = || tickets.next().unwrap();
+        let Ok((done, _)) = next().give_up() else {
             panic!("a completion that came as its caller gave up was lost");
         };
         assert_eq!(done.read_u64(0).unwrap(), 1);
         // 2 is still in the device: its input is read from there.
-        let copy = tickets[1].give_up().err().flatten().expect("rescued");
+        let copy = next().give_up().err().flatten().expect("rescued");
         assert_eq!(copy[..], 2u64.to_le_bytes());
         // 3's device fails: the copy made then.
+        let last = next();
         let parked = q.fail_all();
-        let copy = tickets[2].give_up().err().flatten().expect("copied out");
+        let copy = last.give_up().err().flatten().expect("copied out");
         assert_eq!(copy[..], 3u64.to_le_bytes());
-        drop(tickets);
         drop((done, parked));
         assert_eq!(q.lock().tickets.in_use(), 0);
     }
