@@ -79,6 +79,25 @@ enum Imp {
     ),
 }
 
+/// A seal on a fused GCM with ring's `LessSafeKey` API (which aws-lc-rs
+/// mirrors): the tag copied out.
+#[cfg(any(feature = "aws-lc", feature = "ring"))]
+macro_rules! fused_seal {
+    ($krate:ident, $k:expr, $nonce:expr, $aad:expr, $data:expr, $failed:expr) => {{
+        use $krate::aead::{Aad, Nonce};
+        let tag = $k
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(*$nonce),
+                Aad::from($aad),
+                $data,
+            )
+            .map_err(|_| $failed)?;
+        let mut out = [0u8; TAG_LEN];
+        out.copy_from_slice(tag.as_ref());
+        Ok(out)
+    }};
+}
+
 impl Imp {
     fn new(key: &[u8], imp: Implementation) -> Result<Imp, Error> {
         let bad_key = Error::KeyLength {
@@ -293,33 +312,9 @@ impl Gcm {
                 .map_err(|_| failed)?
                 .0),
             #[cfg(feature = "aws-lc")]
-            Imp::AwsLc(k, _) => {
-                use aws_lc_rs::aead::{Aad, Nonce};
-                let tag = k
-                    .seal_in_place_separate_tag(
-                        Nonce::assume_unique_for_key(*nonce),
-                        Aad::from(aad),
-                        data,
-                    )
-                    .map_err(|_| failed)?;
-                let mut out = [0u8; TAG_LEN];
-                out.copy_from_slice(tag.as_ref());
-                Ok(out)
-            }
+            Imp::AwsLc(k, _) => fused_seal!(aws_lc_rs, k, nonce, aad, data, failed),
             #[cfg(feature = "ring")]
-            Imp::Ring(k, _) => {
-                use ring::aead::{Aad, Nonce};
-                let tag = k
-                    .seal_in_place_separate_tag(
-                        Nonce::assume_unique_for_key(*nonce),
-                        Aad::from(aad),
-                        data,
-                    )
-                    .map_err(|_| failed)?;
-                let mut out = [0u8; TAG_LEN];
-                out.copy_from_slice(tag.as_ref());
-                Ok(out)
-            }
+            Imp::Ring(k, _) => fused_seal!(ring, k, nonce, aad, data, failed),
         }
     }
 
