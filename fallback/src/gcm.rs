@@ -185,14 +185,8 @@ impl core::fmt::Debug for Gcm {
 impl Gcm {
     /// The build's preferred implementation, which [`Gcm::new`] keeps
     /// unless another measures clearly faster on this machine
-    /// ([`choice::default_choice`]).
-    #[cfg(feature = "aws-lc")]
-    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::AwsLc;
-    /// The build's preferred implementation, which [`Gcm::new`] keeps
-    /// unless another measures clearly faster on this machine
-    /// ([`choice::default_choice`]).
-    #[cfg(not(feature = "aws-lc"))]
-    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::RustCrypto;
+    /// ([`choice::default_choice`], where it is set).
+    pub const DEFAULT_IMPLEMENTATION: Implementation = choice::default_choice(Mode::Gcm).small;
 
     /// Expands a 16-, 24- or 32-byte key on the implementations measured
     /// fastest on this machine, per size class ([`choice::measured`]: the
