@@ -3,5 +3,9 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod wiped;
+#[cfg(feature = "aws-lc")]
+mod xts;
 
 pub use wiped::Wiped;
+#[cfg(feature = "aws-lc")]
+pub use xts::{Xts256, XtsError};
