@@ -67,13 +67,13 @@ fn cpu_candidates(alg: Algorithm) -> Vec<Implementation> {
     use crypto_offload::cpu_choice::Mode;
     let all: Vec<Implementation> = match alg {
         Algorithm::Aead(_) => Mode::Gcm.candidates().to_vec(),
-        Algorithm::Cipher(c) if matches!(c.mode(), CipherMode::Cbc | CipherMode::Ctr) => {
-            Implementation::ALL
-                .iter()
-                .copied()
-                .filter(|i| i.has_ctr_and_cbc())
-                .collect()
-        }
+        Algorithm::Cipher(c) => match c.mode() {
+            CipherMode::Cbc => Mode::Cbc.candidates().to_vec(),
+            CipherMode::Ctr => Mode::Ctr.candidates().to_vec(),
+            // AWS-LC's XTS is XTS-AES-256 only.
+            CipherMode::Xts if c.key_len() == 64 => Mode::Xts.candidates().to_vec(),
+            _ => Vec::new(),
+        },
         _ => Vec::new(),
     };
     if all.len() > 1 { all } else { Vec::new() }

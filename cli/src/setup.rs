@@ -252,10 +252,9 @@ fn cpu_features() -> (Vec<&'static str>, Vec<&'static str>) {
 /// choice was given.
 pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
     use crypto_offload::cpu::ChoiceSource;
-    use crypto_offload::cpu_choice::{self, LARGE_PROBE, Mode, SMALL_MAX, SMALL_PROBE};
+    use crypto_offload::cpu_choice::{self, Mode, SMALL_MAX};
     let mut out = format!(
-        "CPU implementations (small: at most {SMALL_MAX} B; ns a request at {SMALL_PROBE} B / {} KiB):\n",
-        LARGE_PROBE >> 10
+        "CPU implementations (small: at most {SMALL_MAX} B; ns a request at each mode's two probe sizes):\n"
     );
     for mode in Mode::ALL {
         let (choice, source) = offload.cpu_choice(mode);
@@ -274,8 +273,10 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
                         )
                     })
                     .collect();
+                let (small, large) = mode.probes();
                 format!(
-                    "measured in {:.1} ms: {}",
+                    "measured at {small} B / {} KiB in {:.1} ms: {}",
+                    large >> 10,
                     m.took.as_secs_f64() * 1e3,
                     each.join(", ")
                 )

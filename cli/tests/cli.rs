@@ -25,16 +25,18 @@ fn probe_lists_the_cpu_and_the_simulated_engines() {
     // The CPU and, per mode, the implementation chosen and the timings it
     // was chosen by (every candidate of this build).
     assert!(out.contains("CPU: "), "{out}");
-    let gcm = out
-        .lines()
-        .find(|l| l.trim_start().starts_with("gcm "))
-        .unwrap_or_else(|| panic!("no GCM choice in:\n{out}"));
-    assert!(gcm.contains("measured in"), "{gcm}");
-    for imp in crypto_offload::Implementation::ALL {
-        assert!(
-            gcm.contains(&format!("{} ", imp.name())),
-            "{imp:?} not timed: {gcm}"
-        );
+    for mode in crypto_offload::cpu_choice::Mode::ALL {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{} ", mode.name())))
+            .unwrap_or_else(|| panic!("no {mode:?} choice in:\n{out}"));
+        assert!(line.contains("measured at "), "{line}");
+        for imp in mode.candidates() {
+            assert!(
+                line.contains(&format!("{} ", imp.name())),
+                "{imp:?} not timed: {line}"
+            );
+        }
     }
     assert!(out.contains("CRC-64/NVME"));
     // The simulator is `BackendKind::Other` to crypto-offload; probe still
@@ -273,9 +275,9 @@ fn cpu_candidates_are_measured_side_by_side() {
     let (ok, out, err) = offload(&[
         "bench",
         "--alg",
-        "aes-128-gcm",
+        "aes-128-gcm,aes-256-xts",
         "--sizes",
-        "64,16k",
+        "512,16k",
         "--time-ms",
         "20",
         "--cpu-candidates",
@@ -283,23 +285,27 @@ fn cpu_candidates_are_measured_side_by_side() {
     ]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
-    let rows: Vec<&str> = v[0]["backends"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["backend"].as_str().unwrap())
-        .collect();
-    let mut want = vec!["cpu".to_owned()];
-    want.extend(
-        crypto_offload::cpu_choice::Mode::Gcm
-            .candidates()
+    use crypto_offload::cpu_choice::Mode;
+    for (i, mode) in [Mode::Gcm, Mode::Xts].into_iter().enumerate() {
+        let rows: Vec<&str> = v[i]["backends"]
+            .as_array()
+            .unwrap()
             .iter()
-            .map(|i| format!("cpu/{}", i.name())),
-    );
-    assert_eq!(rows, want, "{out}");
-    for b in v[0]["backends"].as_array().unwrap() {
-        for p in b["points"].as_array().unwrap() {
-            assert!(p["throughput"].as_f64().unwrap() > 0.0, "{b}");
+            .map(|b| b["backend"].as_str().unwrap())
+            .collect();
+        let mut want = vec!["cpu".to_owned()];
+        if mode.candidates().len() > 1 {
+            want.extend(
+                mode.candidates()
+                    .iter()
+                    .map(|i| format!("cpu/{}", i.name())),
+            );
+        }
+        assert_eq!(rows, want, "{mode:?}: {out}");
+        for b in v[i]["backends"].as_array().unwrap() {
+            for p in b["points"].as_array().unwrap() {
+                assert!(p["throughput"].as_f64().unwrap() > 0.0, "{b}");
+            }
         }
     }
     let (ok, out, _) = offload(&["bench", "--help"]);

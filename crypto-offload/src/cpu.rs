@@ -28,7 +28,8 @@ use crate::key::SecretKey;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuBackend {
     implementation: Option<Implementation>,
-    gcm: Option<Choice>,
+    /// The choice given for each mode, by `Mode as usize`.
+    given: [Option<Choice>; Mode::ALL.len()],
 }
 
 impl CpuBackend {
@@ -45,7 +46,7 @@ impl CpuBackend {
     pub fn with_implementation(imp: Implementation) -> Self {
         CpuBackend {
             implementation: Some(imp),
-            gcm: None,
+            given: [None; Mode::ALL.len()],
         }
     }
 
@@ -57,17 +58,14 @@ impl CpuBackend {
     /// This backend with `mode` on `choice` (e.g. from a profile saved on
     /// this machine: no measurement at start).
     pub fn with_choice(mut self, mode: Mode, choice: Choice) -> Self {
-        // (Modes a later fallback adds are measured until this knows them.)
-        if mode == Mode::Gcm {
-            self.gcm = Some(choice);
-        }
+        self.given[mode as usize] = Some(choice);
         self
     }
 
     /// The choice given for `mode` (a profile, [`CpuBackend::with_choice`]),
     /// if any; nothing is measured.
     pub fn given(&self, mode: Mode) -> Option<Choice> {
-        if mode == Mode::Gcm { self.gcm } else { None }
+        self.given[mode as usize]
     }
 
     /// What `mode` runs on, and why (measuring it if nothing was given or
@@ -90,19 +88,19 @@ impl CpuBackend {
 
     pub(crate) fn cipher(&self, alg: CipherAlg, key: &[u8]) -> Result<CpuCipher, Error> {
         let map = |e| map_key_error(alg.into(), e);
-        // A forced implementation that has no CTR or CBC (ring) forces GCM
-        // only.
-        let forced = self.implementation.filter(|i| i.has_ctr_and_cbc());
-        Ok(match (alg.mode(), forced) {
-            (CipherMode::Cbc, None) => CpuCipher::Cbc(fb::Cbc::new(key).map_err(map)?),
-            (CipherMode::Cbc, Some(i)) => {
-                CpuCipher::Cbc(fb::Cbc::with_implementation(key, i).map_err(map)?)
+        // A forced implementation a mode does not have (ring and CTR) is
+        // not forced on it; one a key size does not have (AWS-LC and
+        // XTS-AES-128) runs that key on the default.
+        Ok(match alg.mode() {
+            CipherMode::Cbc => {
+                CpuCipher::Cbc(fb::Cbc::with_choice(key, self.choice(Mode::Cbc).0).map_err(map)?)
             }
-            (CipherMode::Ctr, None) => CpuCipher::Ctr(fb::Ctr::new(key).map_err(map)?),
-            (CipherMode::Ctr, Some(i)) => {
-                CpuCipher::Ctr(fb::Ctr::with_implementation(key, i).map_err(map)?)
+            CipherMode::Ctr => {
+                CpuCipher::Ctr(fb::Ctr::with_choice(key, self.choice(Mode::Ctr).0).map_err(map)?)
             }
-            (CipherMode::Xts, _) => CpuCipher::Xts(fb::Xts::new(key).map_err(map)?),
+            CipherMode::Xts => {
+                CpuCipher::Xts(fb::Xts::with_choice(key, self.choice(Mode::Xts).0).map_err(map)?)
+            }
         })
     }
 

@@ -478,15 +478,23 @@ async fn the_cpu_choice_is_measured_saved_and_loaded_with_the_profile() {
     let saved = Profile::from_toml(&text).unwrap();
     assert_eq!(saved, measured.profile());
 
+    // Every chosen mode is saved.
+    assert_eq!(saved.cpu_implementations.len(), Mode::ALL.len());
+
     // Loaded: given, whatever this process would measure.
-    let other = Choice {
+    let other = |mode: Mode| Choice {
         small: Implementation::RustCrypto,
-        large: *Implementation::ALL.last().unwrap(),
+        large: *mode.candidates().last().unwrap(),
     };
     let mut given = saved.clone();
-    given.cpu_implementations = vec![crypto_offload::CpuImplementation::new(Mode::Gcm, other)];
+    given.cpu_implementations = Mode::ALL
+        .into_iter()
+        .map(|mode| crypto_offload::CpuImplementation::new(mode, other(mode)))
+        .collect();
     let loaded = Offload::builder().profile(given.clone()).build().unwrap();
-    assert_eq!(loaded.cpu_choice(Mode::Gcm), (other, ChoiceSource::Given));
+    for mode in Mode::ALL {
+        assert_eq!(loaded.cpu_choice(mode), (other(mode), ChoiceSource::Given));
+    }
     assert_eq!(
         loaded.profile().cpu_implementations,
         given.cpu_implementations
@@ -529,5 +537,14 @@ async fn the_cpu_choice_is_measured_saved_and_loaded_with_the_profile() {
             sealed.push(s.seal(&[9; 12], b"aad", vec![7u8; len]).await.unwrap());
         }
         assert!(sealed.windows(2).all(|w| w[0] == w[1]), "len {len}");
+    }
+    let k = key(64);
+    for len in [16usize, 100, 512, 4096, 5000] {
+        let mut sealed = Vec::new();
+        for o in [&measured, &loaded, &forced] {
+            let s = o.cipher(CipherAlg::Aes256Xts, &k).await.unwrap();
+            sealed.push(s.encrypt(&[3; 16], vec![7u8; len]).await.unwrap());
+        }
+        assert!(sealed.windows(2).all(|w| w[0] == w[1]), "XTS len {len}");
     }
 }

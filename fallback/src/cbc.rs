@@ -15,6 +15,7 @@ use cipher::{
 };
 
 use crate::block_cipher::{Aes, KeySize, blocks_mut};
+use crate::choice::{self, Choice, Mode};
 use crate::{Error, Implementation, LengthRule};
 
 type Block = cipher::Block<Aes128>;
@@ -23,7 +24,10 @@ const ALG: &str = "AES-CBC";
 
 /// An AES-CBC key.
 pub struct Cbc {
+    /// The implementation of requests up to [`choice::SMALL_MAX`] bytes.
     imp: Imp,
+    /// The one of longer requests, when the choice differs by size.
+    large: Option<Box<Imp>>,
 }
 
 // The key schedule stays inline (no pointer chase per request); a key is
@@ -39,40 +43,10 @@ enum Imp {
     },
 }
 
-impl core::fmt::Debug for Cbc {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Cbc")
-            .field("key_size", &self.key_size())
-            .field("implementation", &self.implementation())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Cbc {
-    /// The implementation [`Cbc::new`] picks (the faster one measured here:
-    /// see the crate README).
-    #[cfg(feature = "aws-lc")]
-    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::AwsLc;
-    /// The implementation [`Cbc::new`] picks.
-    #[cfg(not(feature = "aws-lc"))]
-    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::RustCrypto;
-
-    /// Expands a 16-, 24- or 32-byte key with the default implementation.
-    ///
-    /// # Errors
-    /// [`Error::KeyLength`] for any other length.
-    pub fn new(key: &[u8]) -> Result<Self, Error> {
-        Self::with_implementation(key, Self::DEFAULT_IMPLEMENTATION)
-    }
-
-    /// Expands a key for a chosen implementation.
-    ///
-    /// # Errors
-    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes;
-    /// [`Error::Unavailable`] for ring (GCM only).
-    pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
+impl Imp {
+    fn new(key: &[u8], imp: Implementation) -> Result<Imp, Error> {
         let aes = Aes::new(key, ALG)?;
-        let imp = match imp {
+        Ok(match imp {
             Implementation::RustCrypto => Imp::RustCrypto(aes),
             #[cfg(feature = "aws-lc")]
             Implementation::AwsLc => {
@@ -92,8 +66,73 @@ impl Cbc {
                     implementation: imp,
                 });
             }
+        })
+    }
+
+    fn implementation(&self) -> Implementation {
+        match self {
+            Imp::RustCrypto(_) => Implementation::RustCrypto,
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc { .. } => Implementation::AwsLc,
+        }
+    }
+}
+
+impl core::fmt::Debug for Cbc {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Cbc")
+            .field("key_size", &self.key_size())
+            .field("choice", &self.choice())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cbc {
+    /// The build's preferred implementation, which [`Cbc::new`] keeps
+    /// unless another measures clearly faster on this machine
+    /// ([`choice::default_choice`]).
+    pub const DEFAULT_IMPLEMENTATION: Implementation = choice::default_choice(Mode::Cbc).small;
+
+    /// Expands a 16-, 24- or 32-byte key on the implementations measured
+    /// fastest on this machine, per size class ([`choice::measured`]: the
+    /// first key in a process measures them, ~1 ms).
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for any other length.
+    pub fn new(key: &[u8]) -> Result<Self, Error> {
+        Self::with_choice(key, choice::measured(Mode::Cbc))
+    }
+
+    /// Expands a key for a chosen implementation.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes;
+    /// [`Error::Unavailable`] for ring (GCM only).
+    pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
+        Ok(Cbc {
+            imp: Imp::new(key, imp)?,
+            large: None,
+        })
+    }
+
+    /// Expands a key for `choice` (one implementation for small requests,
+    /// one for large). One that has no CBC (ring) is replaced by the
+    /// build's default.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
+    pub fn with_choice(key: &[u8], choice: Choice) -> Result<Self, Error> {
+        let make = |imp| match Imp::new(key, imp) {
+            Err(Error::Unavailable { .. }) => Imp::new(key, Self::DEFAULT_IMPLEMENTATION),
+            other => other,
         };
-        Ok(Cbc { imp })
+        let imp = make(choice.small)?;
+        let large = if choice.large == choice.small {
+            None
+        } else {
+            Some(Box::new(make(choice.large)?))
+        };
+        Ok(Cbc { imp, large })
     }
 
     /// The AES key size.
@@ -105,12 +144,30 @@ impl Cbc {
         }
     }
 
-    /// The implementation this key runs on.
+    /// The implementation of small requests (at most
+    /// [`choice::SMALL_MAX`] bytes); [`Cbc::choice`] has both.
     pub fn implementation(&self) -> Implementation {
-        match &self.imp {
-            Imp::RustCrypto(_) => Implementation::RustCrypto,
-            #[cfg(feature = "aws-lc")]
-            Imp::AwsLc { .. } => Implementation::AwsLc,
+        self.imp.implementation()
+    }
+
+    /// The implementations this key runs small and large requests on.
+    pub fn choice(&self) -> Choice {
+        Choice {
+            small: self.imp.implementation(),
+            large: self.imp_for(usize::MAX).implementation(),
+        }
+    }
+
+    /// The implementation a `len`-byte request runs on.
+    pub fn implementation_for(&self, len: usize) -> Implementation {
+        self.imp_for(len).implementation()
+    }
+
+    #[inline]
+    fn imp_for(&self, len: usize) -> &Imp {
+        match &self.large {
+            Some(large) if len > choice::SMALL_MAX => large,
+            _ => &self.imp,
         }
     }
 
@@ -124,7 +181,7 @@ impl Cbc {
         if data.is_empty() {
             return Ok(());
         }
-        match &self.imp {
+        match self.imp_for(data.len()) {
             Imp::RustCrypto(aes) => {
                 let (blocks, _) = blocks_mut(data);
                 aes.encrypt_with(Chain {
@@ -148,7 +205,7 @@ impl Cbc {
         if data.is_empty() {
             return Ok(());
         }
-        match &self.imp {
+        match self.imp_for(data.len()) {
             Imp::RustCrypto(aes) => {
                 let (blocks, _) = blocks_mut(data);
                 aes.decrypt_with(Chain {

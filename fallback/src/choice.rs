@@ -4,24 +4,26 @@
 //! A choice fixed at build time is wrong on some CPU: on AMD Zen 3 (VAES and
 //! VPCLMULQDQ with AVX2, no AVX-512) ring's AES-GCM runs at twice
 //! aws-lc's (aws-lc has no VAES + AVX2 GCM and falls back to its AES-NI
-//! code), on AVX-512 machines aws-lc's is ahead. So [`measured`] times every
-//! candidate compiled in ([`Mode::candidates`]) at a small and a large
-//! request ([`SMALL_PROBE`], [`LARGE_PROBE`]) and keeps, for each size
-//! class, the fastest — unless it beats the build's default
-//! ([`default_choice`]) by less than [`MARGIN`], so that two near-equal
-//! candidates do not trade places from one process to the next.
+//! code), on AVX-512 machines aws-lc's is ahead; RustCrypto's CTR and CBC
+//! beat aws-lc's on 16–64-byte requests (less set-up a call) and lose on
+//! long ones. So [`measured`] times every candidate compiled in
+//! ([`Mode::candidates`]) at a small and a large request ([`Mode::probes`])
+//! and keeps, for each size class, the fastest — unless it beats the
+//! build's default ([`default_choice`]) by less than [`MARGIN`], so that
+//! two near-equal candidates do not trade places from one process to the
+//! next.
 //!
 //! Each mode is measured the first time a key of it is made without an
-//! explicit implementation, in about a millisecond a candidate (the
-//! figures are in [`Measured::took`]); [`measure`] runs it again and
-//! returns the timings, [`Choice`] can be handed to a key's `with_choice`
-//! to skip it (a server that loaded a profile), and `with_implementation`
-//! forces one implementation.
+//! explicit implementation, in about a millisecond a mode (the figures are
+//! in [`Measured::took`]); [`measure`] runs it again and returns the
+//! timings, [`Choice`] can be handed to a key's `with_choice` to skip it (a
+//! server that loaded a profile), and `with_implementation` forces one
+//! implementation.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::{Error, Gcm, Implementation};
+use crate::{Cbc, Ctr, Error, Gcm, Implementation, Xts};
 
 /// A mode whose CPU implementation is chosen per machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,16 +31,26 @@ use crate::{Error, Gcm, Implementation};
 pub enum Mode {
     /// AES-GCM (seal and open run on the same implementation).
     Gcm,
+    /// AES-CTR.
+    Ctr,
+    /// AES-CBC (encryption and decryption on the same implementation).
+    Cbc,
+    /// AES-XTS (AWS-LC's is XTS-AES-256 only: XTS-AES-128 and -192 keys
+    /// run on RustCrypto whatever the choice).
+    Xts,
 }
 
 impl Mode {
     /// Every mode chosen by measurement.
-    pub const ALL: [Mode; 1] = [Mode::Gcm];
+    pub const ALL: [Mode; 4] = [Mode::Gcm, Mode::Ctr, Mode::Cbc, Mode::Xts];
 
     /// A short name for reports and profiles.
     pub const fn name(self) -> &'static str {
         match self {
             Mode::Gcm => "gcm",
+            Mode::Ctr => "ctr",
+            Mode::Cbc => "cbc",
+            Mode::Xts => "xts",
         }
     }
 
@@ -51,14 +63,36 @@ impl Mode {
     pub fn candidates(self) -> &'static [Implementation] {
         match self {
             Mode::Gcm => Implementation::ALL,
+            Mode::Ctr | Mode::Cbc | Mode::Xts => &[
+                Implementation::RustCrypto,
+                #[cfg(feature = "aws-lc")]
+                Implementation::AwsLc,
+            ],
         }
+    }
+
+    /// The request lengths the small and the large class are measured at:
+    /// [`SMALL_PROBE`] and [`LARGE_PROBE`], except XTS, measured where
+    /// storage uses it: one 512-byte sector, and four 4 KiB data units
+    /// ([`Mode::probe_unit`]).
+    pub const fn probes(self) -> (usize, usize) {
+        match self {
+            Mode::Xts => (512, LARGE_PROBE),
+            _ => (SMALL_PROBE, LARGE_PROBE),
+        }
+    }
+
+    /// The XTS data unit of a `len`-byte probe (the whole of it up to 4 KiB).
+    pub const fn probe_unit(len: usize) -> usize {
+        if len > 4096 { 4096 } else { len }
     }
 }
 
 /// Requests of at most this many bytes are small ([`Choice::small`]).
 pub const SMALL_MAX: usize = 512;
 
-/// The request length the small class is measured at.
+/// The request length the small class is measured at (but see
+/// [`Mode::probes`]).
 pub const SMALL_PROBE: usize = 64;
 
 /// The request length the large class is measured at.
@@ -106,9 +140,9 @@ impl Choice {
 pub struct Timing {
     /// The candidate.
     pub implementation: Implementation,
-    /// Per [`SMALL_PROBE`]-byte request.
+    /// Per request at the mode's small probe ([`Mode::probes`]).
     pub small: Duration,
-    /// Per [`LARGE_PROBE`]-byte request.
+    /// Per request at its large probe.
     pub large: Duration,
 }
 
@@ -126,15 +160,15 @@ pub struct Measured {
 }
 
 /// The build's preference for `mode`, which a candidate must beat by
-/// [`MARGIN`] to replace: aws-lc where it is compiled in (the fastest on
-/// the AVX-512 machine the crate was first tuned on), RustCrypto otherwise.
+/// [`MARGIN`] to replace: aws-lc for every mode where it is compiled in
+/// (the fastest for GCM, CTR, CBC and XTS-AES-256 from 4 KiB on the
+/// machines the crate was first tuned on), RustCrypto otherwise.
 pub const fn default_choice(mode: Mode) -> Choice {
-    match mode {
-        #[cfg(feature = "aws-lc")]
-        Mode::Gcm => Choice::one(Implementation::AwsLc),
-        #[cfg(not(feature = "aws-lc"))]
-        Mode::Gcm => Choice::one(Implementation::RustCrypto),
-    }
+    let _ = mode;
+    #[cfg(feature = "aws-lc")]
+    return Choice::one(Implementation::AwsLc);
+    #[cfg(not(feature = "aws-lc"))]
+    Choice::one(Implementation::RustCrypto)
 }
 
 /// Rounds each candidate is timed in (interleaved, so that a clock or
@@ -160,8 +194,9 @@ pub fn measure_among(mode: Mode, candidates: &[Implementation]) -> Measured {
         .collect();
     let mut small = vec![Duration::MAX; runners.len()];
     let mut large = vec![Duration::MAX; runners.len()];
-    let mut short = vec![0u8; SMALL_PROBE];
-    let mut long = vec![0u8; LARGE_PROBE];
+    let (small_len, large_len) = mode.probes();
+    let mut short = vec![0u8; small_len];
+    let mut long = vec![0u8; large_len];
     // One untimed round first: page faults, lazy CPU detection, caches.
     for r in &mut runners {
         r.run(&mut short, 1);
@@ -220,10 +255,9 @@ pub fn measured(mode: Mode) -> Choice {
 
 /// [`measured`] with its timings.
 pub fn measured_full(mode: Mode) -> &'static Measured {
-    static GCM: OnceLock<Measured> = OnceLock::new();
-    match mode {
-        Mode::Gcm => GCM.get_or_init(|| measure(mode)),
-    }
+    static MEASURED: [OnceLock<Measured>; Mode::ALL.len()] =
+        [const { OnceLock::new() }; Mode::ALL.len()];
+    MEASURED[mode as usize].get_or_init(|| measure(mode))
 }
 
 /// A keyed candidate and the request it is timed on.
@@ -232,39 +266,55 @@ struct Runner {
     key: Keyed,
 }
 
+// Short-lived (a measurement): the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Keyed {
     Gcm(Gcm),
+    Ctr(Ctr),
+    Cbc(Cbc),
+    Xts(Xts),
 }
 
 impl Runner {
     fn new(mode: Mode, imp: Implementation) -> Result<Self, Error> {
-        // A fixed key: the timing does not depend on it.
+        // A fixed key: the timing does not depend on it. XTS is timed with
+        // two AES-256 keys (AWS-LC has no XTS-AES-128); the others with
+        // AES-128, as GCM's choice was first made.
         let key = [0x5au8; 16];
+        let mut xts_key = [0x5au8; 64];
+        xts_key[32..].fill(0xa5);
         let runner = Runner {
             imp,
             key: match mode {
                 Mode::Gcm => Keyed::Gcm(Gcm::with_implementation(&key, imp)?),
+                Mode::Ctr => Keyed::Ctr(Ctr::with_implementation(&key, imp)?),
+                Mode::Cbc => Keyed::Cbc(Cbc::with_implementation(&key, imp)?),
+                Mode::Xts => Keyed::Xts(Xts::with_implementation(&xts_key, imp)?),
             },
         };
         // A candidate that fails a request is not one (its failures would
         // time as fast).
-        match &runner.key {
-            Keyed::Gcm(k) => k.seal_in_place_detached(&[0; 12], &[], &mut [0; 64])?,
-        };
+        runner.request(0, &mut [0; 64])?;
         Ok(runner)
+    }
+
+    /// One request over `buf`.
+    #[inline]
+    fn request(&self, i: usize, buf: &mut [u8]) -> Result<(), Error> {
+        let iv = [i as u8; 16];
+        match &self.key {
+            Keyed::Gcm(k) => k.seal_in_place_detached(&[i as u8; 12], &[], buf).map(drop),
+            Keyed::Ctr(k) => k.apply_keystream(&iv, buf),
+            Keyed::Cbc(k) => k.encrypt(&iv, buf),
+            Keyed::Xts(k) => k.encrypt_units(&iv, Mode::probe_unit(buf.len()), buf),
+        }
     }
 
     /// Runs `n` requests over `buf`; the time a request.
     fn run(&mut self, buf: &mut [u8], n: usize) -> Duration {
         let start = Instant::now();
         for i in 0..n {
-            match &self.key {
-                Keyed::Gcm(k) => {
-                    let nonce = [i as u8; 12];
-                    let tag = k.seal_in_place_detached(&nonce, &[], buf);
-                    std::hint::black_box(tag.ok());
-                }
-            }
+            std::hint::black_box(self.request(i, buf).ok());
         }
         start.elapsed() / n.max(1) as u32
     }
@@ -311,16 +361,18 @@ mod tests {
     /// twice in a process gives the same answer without measuring again.
     #[test]
     fn measuring_times_every_candidate_once_a_process() {
-        let m = measure(Mode::Gcm);
-        let imps: Vec<_> = m.timings.iter().map(|t| t.implementation).collect();
-        assert_eq!(imps, Mode::Gcm.candidates());
-        for t in &m.timings {
-            assert!(t.small > Duration::ZERO && t.small < t.large, "{t:?}");
+        for mode in Mode::ALL {
+            let m = measure(mode);
+            let imps: Vec<_> = m.timings.iter().map(|t| t.implementation).collect();
+            assert_eq!(imps, mode.candidates(), "{mode:?}");
+            for t in &m.timings {
+                assert!(t.small > Duration::ZERO && t.small < t.large, "{t:?}");
+            }
+            assert!(imps.contains(&m.choice.small) && imps.contains(&m.choice.large));
+            let first = measured_full(mode);
+            assert!(std::ptr::eq(first, measured_full(mode)));
+            assert_eq!(measured(mode), first.choice);
+            assert_eq!(Mode::from_name(mode.name()), Some(mode));
         }
-        assert!(imps.contains(&m.choice.small) && imps.contains(&m.choice.large));
-        let first = measured_full(Mode::Gcm);
-        assert!(std::ptr::eq(first, measured_full(Mode::Gcm)));
-        assert_eq!(measured(Mode::Gcm), first.choice);
-        assert_eq!(Mode::from_name("gcm"), Some(Mode::Gcm));
     }
 }

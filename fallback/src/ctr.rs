@@ -12,6 +12,7 @@ use cipher::typenum::Unsigned;
 use cipher::{BlockCipherEncBackend, BlockCipherEncClosure, BlockSizeUser};
 
 use crate::block_cipher::{Aes, KeySize, blocks_mut};
+use crate::choice::{self, Choice, Mode};
 use crate::{Error, Implementation};
 
 type Block = cipher::Block<Aes128>;
@@ -20,7 +21,10 @@ const ALG: &str = "AES-CTR";
 
 /// An AES-CTR key.
 pub struct Ctr {
+    /// The implementation of requests up to [`choice::SMALL_MAX`] bytes.
     imp: Imp,
+    /// The one of longer requests, when the choice differs by size.
+    large: Option<Box<Imp>>,
 }
 
 // The key schedule stays inline (no pointer chase per request); a key is
@@ -32,40 +36,10 @@ enum Imp {
     AwsLc(aws_lc_rs::cipher::EncryptingKey, KeySize),
 }
 
-impl core::fmt::Debug for Ctr {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Ctr")
-            .field("key_size", &self.key_size())
-            .field("implementation", &self.implementation())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Ctr {
-    /// The implementation [`Ctr::new`] picks (the faster one measured here:
-    /// see the crate README).
-    #[cfg(feature = "aws-lc")]
-    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::AwsLc;
-    /// The implementation [`Ctr::new`] picks.
-    #[cfg(not(feature = "aws-lc"))]
-    pub const DEFAULT_IMPLEMENTATION: Implementation = Implementation::RustCrypto;
-
-    /// Expands a 16-, 24- or 32-byte key with the default implementation.
-    ///
-    /// # Errors
-    /// [`Error::KeyLength`] for any other length.
-    pub fn new(key: &[u8]) -> Result<Self, Error> {
-        Self::with_implementation(key, Self::DEFAULT_IMPLEMENTATION)
-    }
-
-    /// Expands a key for a chosen implementation.
-    ///
-    /// # Errors
-    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes;
-    /// [`Error::Unavailable`] for ring (GCM only).
-    pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
+impl Imp {
+    fn new(key: &[u8], imp: Implementation) -> Result<Imp, Error> {
         let aes = Aes::new(key, ALG)?;
-        let imp = match imp {
+        Ok(match imp {
             Implementation::RustCrypto => Imp::RustCrypto(aes),
             #[cfg(feature = "aws-lc")]
             Implementation::AwsLc => {
@@ -88,8 +62,73 @@ impl Ctr {
                     implementation: imp,
                 });
             }
+        })
+    }
+
+    fn implementation(&self) -> Implementation {
+        match self {
+            Imp::RustCrypto(_) => Implementation::RustCrypto,
+            #[cfg(feature = "aws-lc")]
+            Imp::AwsLc(..) => Implementation::AwsLc,
+        }
+    }
+}
+
+impl core::fmt::Debug for Ctr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Ctr")
+            .field("key_size", &self.key_size())
+            .field("choice", &self.choice())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ctr {
+    /// The build's preferred implementation, which [`Ctr::new`] keeps
+    /// unless another measures clearly faster on this machine
+    /// ([`choice::default_choice`]).
+    pub const DEFAULT_IMPLEMENTATION: Implementation = choice::default_choice(Mode::Ctr).small;
+
+    /// Expands a 16-, 24- or 32-byte key on the implementations measured
+    /// fastest on this machine, per size class ([`choice::measured`]: the
+    /// first key in a process measures them, ~1 ms).
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for any other length.
+    pub fn new(key: &[u8]) -> Result<Self, Error> {
+        Self::with_choice(key, choice::measured(Mode::Ctr))
+    }
+
+    /// Expands a key for a chosen implementation.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes;
+    /// [`Error::Unavailable`] for ring (GCM only).
+    pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
+        Ok(Ctr {
+            imp: Imp::new(key, imp)?,
+            large: None,
+        })
+    }
+
+    /// Expands a key for `choice` (one implementation for small requests,
+    /// one for large). One that has no CTR (ring) is replaced by the
+    /// build's default.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
+    pub fn with_choice(key: &[u8], choice: Choice) -> Result<Self, Error> {
+        let make = |imp| match Imp::new(key, imp) {
+            Err(Error::Unavailable { .. }) => Imp::new(key, Self::DEFAULT_IMPLEMENTATION),
+            other => other,
         };
-        Ok(Ctr { imp })
+        let imp = make(choice.small)?;
+        let large = if choice.large == choice.small {
+            None
+        } else {
+            Some(Box::new(make(choice.large)?))
+        };
+        Ok(Ctr { imp, large })
     }
 
     /// The AES key size.
@@ -101,12 +140,30 @@ impl Ctr {
         }
     }
 
-    /// The implementation this key runs on.
+    /// The implementation of small requests (at most
+    /// [`choice::SMALL_MAX`] bytes); [`Ctr::choice`] has both.
     pub fn implementation(&self) -> Implementation {
-        match &self.imp {
-            Imp::RustCrypto(_) => Implementation::RustCrypto,
-            #[cfg(feature = "aws-lc")]
-            Imp::AwsLc(..) => Implementation::AwsLc,
+        self.imp.implementation()
+    }
+
+    /// The implementations this key runs small and large requests on.
+    pub fn choice(&self) -> Choice {
+        Choice {
+            small: self.imp.implementation(),
+            large: self.imp_for(usize::MAX).implementation(),
+        }
+    }
+
+    /// The implementation a `len`-byte request runs on.
+    pub fn implementation_for(&self, len: usize) -> Implementation {
+        self.imp_for(len).implementation()
+    }
+
+    #[inline]
+    fn imp_for(&self, len: usize) -> &Imp {
+        match &self.large {
+            Some(large) if len > choice::SMALL_MAX => large,
+            _ => &self.imp,
         }
     }
 
@@ -120,7 +177,7 @@ impl Ctr {
     /// rules out).
     #[inline]
     pub fn apply_keystream(&self, iv: &[u8; 16], data: &mut [u8]) -> Result<(), Error> {
-        match &self.imp {
+        match self.imp_for(data.len()) {
             Imp::RustCrypto(aes) => {
                 apply_keystream(aes, u128::from_be_bytes(*iv), data);
                 Ok(())

@@ -3,13 +3,14 @@
 /// A CPU implementation of the AES modes.
 ///
 /// Every mode has a pure-Rust RustCrypto implementation; with the `aws-lc`
-/// feature (on by default) GCM, CTR and CBC can also run on aws-lc-rs, and
-/// with the `ring` feature (on by default) GCM on ring. Which is fastest
-/// depends on the CPU (on AVX2-only VAES machines such as AMD Zen 3 ring's
-/// GCM runs at twice aws-lc's; on AVX-512 ones aws-lc's is ahead), so each
+/// feature (on by default) GCM, CTR and CBC can also run on aws-lc-rs and
+/// XTS-AES-256 on AWS-LC's EVP XTS, and with the `ring` feature (on by
+/// default) GCM on ring. Which is fastest depends on the CPU and the
+/// request size (on AVX2-only VAES machines such as AMD Zen 3 ring's GCM
+/// runs at twice aws-lc's; on AVX-512 ones aws-lc's is ahead), so each
 /// mode's `new` takes the one measured fastest on this machine, per size
 /// class ([`crate::choice`]); `with_implementation` forces one, and
-/// `implementation()` tells which one a key uses.
+/// `choice()` tells which ones a key uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Implementation {

@@ -16,7 +16,8 @@ use cipher::{
 };
 
 use crate::block_cipher::{Aes, KeySize, blocks_mut};
-use crate::{Error, LengthRule};
+use crate::choice::{self, Choice, Mode};
+use crate::{Error, Implementation, LengthRule};
 
 pub(crate) type Block = cipher::Block<Aes128>;
 
@@ -30,29 +31,75 @@ const TWEAK_BATCH: usize = 64;
 /// The tweak is the 16-byte value IEEE 1619 calls the data-unit sequence
 /// number, as a little-endian 128-bit integer — what the Linux `xts(aes)`
 /// transform, OpenSSL and dm-crypt's `plain64` IV take.
+///
+/// Two implementations: this crate's, on RustCrypto's `aes` (every key
+/// size, every length), and with the `aws-lc` feature AWS-LC's XTS-AES-256
+/// (`crypto_offload_native::Xts256`); which runs a request is chosen per
+/// size class by measurement ([`choice`]). Both give the same bytes.
 pub struct Xts {
     data: Aes,
     tweak: Aes,
     #[cfg(feature = "aws-lc")]
     short: crate::aws_lc::XtsShort,
+    /// AWS-LC's XTS, when the key is XTS-AES-256 and the choice takes it
+    /// for some size class.
+    #[cfg(feature = "aws-lc")]
+    evp: Option<crypto_offload_native::Xts256>,
+    choice: Choice,
 }
 
 impl core::fmt::Debug for Xts {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Xts")
             .field("key_size", &self.key_size())
+            .field("choice", &self.choice())
             .finish_non_exhaustive()
     }
 }
 
 impl Xts {
+    /// The build's preferred implementation, which [`Xts::new`] keeps
+    /// unless another measures clearly faster on this machine
+    /// ([`choice::default_choice`]).
+    pub const DEFAULT_IMPLEMENTATION: Implementation = choice::default_choice(Mode::Xts).small;
+
     /// Expands a 32-, 48- or 64-byte key (Key1 ‖ Key2) for XTS-AES-128,
-    /// -192 or -256.
+    /// -192 or -256, on the implementations measured fastest on this
+    /// machine, per size class ([`choice::measured`]: the first key in a
+    /// process measures them, ~1 ms).
     ///
     /// # Errors
     /// [`Error::KeyLength`] for any other length; [`Error::XtsWeakKey`] when
     /// the two halves are equal.
     pub fn new(key: &[u8]) -> Result<Self, Error> {
+        Self::with_choice(key, choice::measured(Mode::Xts))
+    }
+
+    /// Expands a key for a chosen implementation.
+    ///
+    /// # Errors
+    /// As for [`Xts::new`]; [`Error::Unavailable`] for ring (no XTS) and
+    /// for AWS-LC with a key that is not XTS-AES-256.
+    pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
+        let unavailable = Error::Unavailable {
+            alg: ALG,
+            implementation: imp,
+        };
+        let xts = Self::with_choice(key, Choice::one(imp))?;
+        if xts.choice() == Choice::one(imp) {
+            Ok(xts)
+        } else {
+            Err(unavailable)
+        }
+    }
+
+    /// Expands a key for `choice` (one implementation for small requests,
+    /// one for large). One that cannot run this key (AWS-LC and a key that
+    /// is not XTS-AES-256, ring) runs it on RustCrypto.
+    ///
+    /// # Errors
+    /// As for [`Xts::new`].
+    pub fn with_choice(key: &[u8], choice: Choice) -> Result<Self, Error> {
         if !matches!(key.len(), 32 | 48 | 64) {
             return Err(Error::KeyLength {
                 alg: ALG,
@@ -64,12 +111,42 @@ impl Xts {
         if constant_time_eq(k1, k2) {
             return Err(Error::XtsWeakKey);
         }
+        #[cfg(feature = "aws-lc")]
+        let evp = match <&[u8; 64]>::try_from(key) {
+            Ok(key) if [choice.small, choice.large].contains(&Implementation::AwsLc) => Some(
+                crypto_offload_native::Xts256::new(key)
+                    .map_err(|_| Error::ImplementationFailure(Implementation::AwsLc))?,
+            ),
+            _ => None,
+        };
+        let runs = |imp| match imp {
+            #[cfg(feature = "aws-lc")]
+            Implementation::AwsLc if evp.is_some() => imp,
+            _ => Implementation::RustCrypto,
+        };
+        let choice = Choice {
+            small: runs(choice.small),
+            large: runs(choice.large),
+        };
         Ok(Xts {
             data: Aes::new(k1, ALG)?,
             tweak: Aes::new(k2, ALG)?,
             #[cfg(feature = "aws-lc")]
             short: crate::aws_lc::XtsShort::new(k1, k2, ALG)?,
+            #[cfg(feature = "aws-lc")]
+            evp,
+            choice,
         })
+    }
+
+    /// The implementations this key runs small and large requests on.
+    pub fn choice(&self) -> Choice {
+        self.choice
+    }
+
+    /// The implementation a `len`-byte request runs on.
+    pub fn implementation_for(&self, len: usize) -> Implementation {
+        self.choice.for_len(len)
     }
 
     /// The size of each of the two AES keys.
@@ -108,6 +185,12 @@ impl Xts {
         data: &mut [u8],
     ) -> Result<(), Error> {
         check_units(unit_len, data.len())?;
+        #[cfg(feature = "aws-lc")]
+        if let Some(evp) = self.evp_for(unit_len, data.len()) {
+            return evp
+                .encrypt_units(first_tweak, unit_len, data)
+                .map_err(|_| Error::ImplementationFailure(Implementation::AwsLc));
+        }
         self.run(first_tweak, unit_len, data, Direction::Encrypt)
     }
 
@@ -123,7 +206,29 @@ impl Xts {
         data: &mut [u8],
     ) -> Result<(), Error> {
         check_units(unit_len, data.len())?;
+        #[cfg(feature = "aws-lc")]
+        if let Some(evp) = self.evp_for(unit_len, data.len()) {
+            return evp
+                .decrypt_units(first_tweak, unit_len, data)
+                .map_err(|_| Error::ImplementationFailure(Implementation::AwsLc));
+        }
         self.run(first_tweak, unit_len, data, Direction::Decrypt)
+    }
+
+    /// AWS-LC's XTS, if it runs a `len`-byte request of `unit_len`-byte
+    /// units (its data units stop at 2^20 blocks; longer ones run here).
+    #[cfg(feature = "aws-lc")]
+    #[inline]
+    fn evp_for(&self, unit_len: usize, len: usize) -> Option<&crypto_offload_native::Xts256> {
+        match &self.evp {
+            Some(evp)
+                if self.choice.for_len(len) == Implementation::AwsLc
+                    && unit_len <= crypto_offload_native::Xts256::MAX_UNIT =>
+            {
+                Some(evp)
+            }
+            _ => None,
+        }
     }
 
     fn run(
