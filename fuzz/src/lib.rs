@@ -1,7 +1,8 @@
 //! Differential fuzzing of crypto-offload: every backend this build has, and
 //! the selector ("Auto") over them, against the independent RustCrypto
 //! reference crates (`ctr`, `cbc`, `xts-mode`, `aes-gcm`, `crc`), byte for
-//! byte.
+//! byte; and `crypto_offload_native::Xts256` (AWS-LC's XTS) against
+//! `xts-mode` and the fallback's RustCrypto XTS ([`xts`], feature `aws-lc`).
 //!
 //! The fuzz targets in `fuzz_targets/` are one line each; the checks live
 //! here so that the seed generator (`src/bin/seeds.rs`) and this crate's unit
@@ -19,6 +20,8 @@ pub mod reference;
 pub mod seed;
 pub mod subjects;
 pub mod vectors;
+#[cfg(feature = "aws-lc")]
+pub mod xts;
 
 use core::fmt;
 

@@ -132,3 +132,37 @@ fn a_wrong_engine_is_caught_and_named() {
         "{msg}"
     );
 }
+
+#[cfg(feature = "aws-lc")]
+#[test]
+fn every_xts_seed_passes() {
+    use crypto_offload_fuzz::xts;
+    for input in round_trip(xts::seeds(&records()), xts::encode) {
+        xts::check(&input);
+    }
+}
+
+/// The `vector` seeds are the `aes-256-xts` records themselves (IEEE 1619
+/// vectors 10-14 and the edge cases): the native XTS gives each record's
+/// ciphertext.
+#[cfg(feature = "aws-lc")]
+#[test]
+fn xts_vector_seeds_give_the_records_ciphertext() {
+    use crypto_offload_fuzz::xts;
+    let records = records();
+    let seeds = xts::seeds(&records);
+    let vectors: Vec<_> = records
+        .iter()
+        .filter(|r| r.alg() == "aes-256-xts")
+        .zip(seeds.iter().filter(|(name, _)| name.ends_with("-vector")))
+        .collect();
+    assert!(vectors.len() >= 5, "IEEE 1619 vectors 10-14 at least");
+    for (record, (name, input)) in vectors {
+        let xts = crypto_offload_native::Xts256::new(&input.key()).unwrap();
+        let mut data = input.plaintext();
+        let (unit_len, _) = input.unit_len();
+        xts.encrypt_units(&input.first_tweak(), unit_len, &mut data)
+            .unwrap();
+        assert_eq!(data, record.hex("ct"), "{name}");
+    }
+}

@@ -67,6 +67,12 @@ fn main() -> std::io::Result<()> {
     for (target, count) in n {
         println!("{count:4} seeds in {}", corpus.join(target).display());
     }
+    #[cfg(feature = "aws-lc")]
+    {
+        use crypto_offload_fuzz::xts;
+        let count = write(&corpus, "xts", xts::seeds(&records), xts::encode)?;
+        println!("{count:4} seeds in {}", corpus.join("xts").display());
+    }
     // The virtqueue target's inputs are raw bytes: the driver's harness
     // names its own.
     let dir = corpus.join("virtqueue");
