@@ -13,9 +13,11 @@
 //! context with its tweak only: the key schedule is made once, in
 //! [`Xts256::new`].
 //!
-//! AWS-LC wipes the key schedules when a context is freed (`OPENSSL_free`
-//! cleanses every allocation it returns), and the key this crate is given
-//! stays the caller's.
+//! With AWS-LC's default allocator the key schedules are wiped when a
+//! context is freed (`OPENSSL_free` cleanses every allocation it returns);
+//! a process that installs its own (`CRYPTO_set_mem_functions`) gets them
+//! unwiped in its free hook (`tests/xts_review.rs` shows it). The key this
+//! crate is given stays the caller's.
 
 use core::ffi::c_int;
 use core::ptr::{self, NonNull};
@@ -230,22 +232,17 @@ impl Contexts {
         if data.is_empty() {
             return Ok(());
         }
-        let ctx = self.take()?;
         let len = c_int::try_from(unit_len).map_err(|_| XtsError::Failed)?;
+        let ctx = self.take()?;
         let mut sector = u128::from_le_bytes(*first_tweak);
         for unit in data.chunks_exact_mut(unit_len) {
             let tweak = sector.to_le_bytes();
             sector = sector.wrapping_add(1);
-            let mut written: c_int = 0;
             // SAFETY: `ctx` is a live context keyed for this direction and
             // owned by this call; a null cipher, engine and key keep the
             // key schedules, `tweak` is the 16 bytes XTS reads as its IV,
-            // and -1 keeps the context's direction. `unit` is valid for
-            // reads and writes of `len` bytes (16 to 2^24, checked above);
-            // AWS-LC's XTS reads each block before it writes it, so input
-            // and output may be the same buffer, and with a block size of 1
-            // it writes exactly `len` bytes; `written` is a valid out-pointer.
-            let ok = unsafe {
+            // and -1 keeps the context's direction.
+            let armed = unsafe {
                 EVP_CipherInit_ex(
                     ctx.0.as_ptr(),
                     ptr::null(),
@@ -253,14 +250,19 @@ impl Contexts {
                     ptr::null(),
                     tweak.as_ptr(),
                     -1,
-                ) & EVP_CipherUpdate(
-                    ctx.0.as_ptr(),
-                    unit.as_mut_ptr(),
-                    &mut written,
-                    unit.as_ptr(),
-                    len,
                 )
             };
+            if armed != 1 {
+                return Err(XtsError::Failed);
+            }
+            let mut written: c_int = 0;
+            let p = unit.as_mut_ptr();
+            // SAFETY: `ctx` is armed with this unit's tweak (above); `p` is
+            // valid for reads and writes of `len` bytes (16 to 2^24, checked
+            // above) and is both input and output: AWS-LC's XTS reads each
+            // block before it writes it, and with a block size of 1 it writes
+            // exactly `len` bytes; `written` is a valid out-pointer.
+            let ok = unsafe { EVP_CipherUpdate(ctx.0.as_ptr(), p, &mut written, p, len) };
             if ok != 1 || written != len {
                 // A context that failed is freed, not reused.
                 return Err(XtsError::Failed);
