@@ -285,6 +285,11 @@ fn crc(c: &mut Criterion) {
                 black_box(&buf)
             )));
         }
+        if alg == CrcAlg::Crc32Iscsi {
+            each_size!(g, "crc32c", &SIZES, |buf| black_box(crc32c::crc32c(
+                black_box(&buf)
+            )));
+        }
         macro_rules! reference {
             ($w:ty, $p:expr) => {{
                 let table16 = crc::Crc::<$w, crc::Table<16>>::new($p);

@@ -55,8 +55,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "BACKEND")]
     pub control: Option<String>,
     /// Also measure the CPU forced onto each of its implementations of the
-    /// algorithm (`cpu/ring`, `cpu/aws-lc`, `cpu/rustcrypto`, where it has
-    /// more than one) beside `cpu` as chosen on this machine: every
+    /// algorithm (`cpu/ring`, `cpu/aws-lc`, `cpu/rustcrypto`, `cpu/crc32c`,
+    /// …, where it has more than one) beside `cpu` as chosen on this machine: every
     /// candidate side by side, and the oracle the fastest of them.
     #[arg(long)]
     pub cpu_candidates: bool,
@@ -74,6 +74,7 @@ fn cpu_candidates(alg: Algorithm) -> Vec<Implementation> {
             CipherMode::Xts if c.key_len() == 64 => Mode::Xts.candidates().to_vec(),
             _ => Vec::new(),
         },
+        Algorithm::Crc(c) => Mode::of_crc(c).map_or_else(Vec::new, |m| m.candidates().to_vec()),
         _ => Vec::new(),
     };
     if all.len() > 1 { all } else { Vec::new() }

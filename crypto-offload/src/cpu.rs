@@ -104,6 +104,15 @@ impl CpuBackend {
         })
     }
 
+    /// The implementations a CRC of `alg` runs on (the CRC-32s' choice;
+    /// crc-fast for the CRC-64s).
+    pub(crate) fn crc_choice(&self, alg: CrcAlg) -> Choice {
+        match Mode::of_crc(alg) {
+            Some(mode) => self.choice(mode).0,
+            None => fb::crc_choice(alg),
+        }
+    }
+
     pub(crate) fn aead(&self, alg: AeadAlg, key: &[u8]) -> Result<fb::Gcm, Error> {
         let map = |e| map_key_error(alg.into(), e);
         let (choice, _) = self.choice(Mode::Gcm);
@@ -271,19 +280,25 @@ impl CpuCipher {
     }
 }
 
-/// The CRC of `data`, in `parts` pieces on as many threads, combined.
-pub(crate) fn checksum_split(alg: CrcAlg, data: &[u8], parts: usize) -> u64 {
+/// The CRC of `data` on `choice`, in `parts` pieces on as many threads,
+/// combined.
+pub(crate) fn checksum_split(alg: CrcAlg, choice: Choice, data: &[u8], parts: usize) -> u64 {
     if parts <= 1 {
-        return fb::checksum(alg, data);
+        return fb::checksum_with(alg, choice, data);
     }
     let per = data.len().div_ceil(parts).max(1);
     std::thread::scope(|scope| {
         let mut chunks = data.chunks(per);
         let first = chunks.next().unwrap_or(&[]);
         let handles: Vec<_> = chunks
-            .map(|c| (c.len(), scope.spawn(move || fb::checksum(alg, c))))
+            .map(|c| {
+                (
+                    c.len(),
+                    scope.spawn(move || fb::checksum_with(alg, choice, c)),
+                )
+            })
             .collect();
-        let mut crc = fb::checksum(alg, first);
+        let mut crc = fb::checksum_with(alg, choice, first);
         for (len, h) in handles {
             let piece = h
                 .join()
@@ -358,12 +373,12 @@ impl AeadContext for AeadCtx {
     }
 }
 
-struct CrcCtx(CrcAlg);
+struct CrcCtx(CrcAlg, Choice);
 
 #[async_trait]
 impl CrcContext for CrcCtx {
     async fn checksum(&self, buf: IoBuf) -> Result<(IoBuf, u64), Failed> {
-        let crc = fb::checksum(self.0, buf.as_slice());
+        let crc = fb::checksum_with(self.0, self.1, buf.as_slice());
         Ok((buf, crc))
     }
 }
@@ -407,7 +422,7 @@ impl Backend for CpuBackend {
     }
 
     async fn open_crc(&self, alg: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
-        Ok(Box::new(CrcCtx(alg)))
+        Ok(Box::new(CrcCtx(alg, self.crc_choice(alg))))
     }
 }
 

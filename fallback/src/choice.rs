@@ -23,7 +23,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::{Cbc, Ctr, Error, Gcm, Implementation, Xts};
+use crate::{Cbc, CrcAlg, Ctr, Error, Gcm, Implementation, Xts};
 
 /// A mode whose CPU implementation is chosen per machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,11 +38,22 @@ pub enum Mode {
     /// AES-XTS (AWS-LC's is XTS-AES-256 only: XTS-AES-128 and -192 keys
     /// run on RustCrypto whatever the choice).
     Xts,
+    /// CRC-32/ISO-HDLC (zlib, Ethernet).
+    Crc32,
+    /// CRC-32/ISCSI (CRC-32C).
+    Crc32c,
 }
 
 impl Mode {
     /// Every mode chosen by measurement.
-    pub const ALL: [Mode; 4] = [Mode::Gcm, Mode::Ctr, Mode::Cbc, Mode::Xts];
+    pub const ALL: [Mode; 6] = [
+        Mode::Gcm,
+        Mode::Ctr,
+        Mode::Cbc,
+        Mode::Xts,
+        Mode::Crc32,
+        Mode::Crc32c,
+    ];
 
     /// A short name for reports and profiles.
     pub const fn name(self) -> &'static str {
@@ -51,6 +62,19 @@ impl Mode {
             Mode::Ctr => "ctr",
             Mode::Cbc => "cbc",
             Mode::Xts => "xts",
+            Mode::Crc32 => "crc32",
+            Mode::Crc32c => "crc32c",
+        }
+    }
+
+    /// The mode of a CRC whose implementation is chosen (the CRC-32s; the
+    /// CRC-64s run on crc-fast, with the `crc` crate's tables under 48
+    /// bytes).
+    pub const fn of_crc(alg: CrcAlg) -> Option<Mode> {
+        match alg {
+            CrcAlg::Crc32IsoHdlc => Some(Mode::Crc32),
+            CrcAlg::Crc32Iscsi => Some(Mode::Crc32c),
+            _ => None,
         }
     }
 
@@ -68,6 +92,8 @@ impl Mode {
                 #[cfg(feature = "aws-lc")]
                 Implementation::AwsLc,
             ],
+            Mode::Crc32 => &[Implementation::CrcFast, Implementation::Crc32Fast],
+            Mode::Crc32c => &[Implementation::CrcFast, Implementation::Crc32c],
         }
     }
 
@@ -160,15 +186,23 @@ pub struct Measured {
 }
 
 /// The build's preference for `mode`, which a candidate must beat by
-/// [`MARGIN`] to replace: aws-lc for every mode where it is compiled in
+/// [`MARGIN`] to replace: for the AES modes aws-lc where it is compiled in
 /// (the fastest for GCM, CTR, CBC and XTS-AES-256 from 4 KiB on the
-/// machines the crate was first tuned on), RustCrypto otherwise.
+/// machines the crate was first tuned on), RustCrypto otherwise; for
+/// CRC-32/ISO-HDLC crc32fast for small requests and crc-fast for large
+/// ones, for CRC-32C crc-fast (the fastest on the AVX-512 machine).
 pub const fn default_choice(mode: Mode) -> Choice {
-    let _ = mode;
-    #[cfg(feature = "aws-lc")]
-    return Choice::one(Implementation::AwsLc);
-    #[cfg(not(feature = "aws-lc"))]
-    Choice::one(Implementation::RustCrypto)
+    match mode {
+        Mode::Crc32 => Choice {
+            small: Implementation::Crc32Fast,
+            large: Implementation::CrcFast,
+        },
+        Mode::Crc32c => Choice::one(Implementation::CrcFast),
+        #[cfg(feature = "aws-lc")]
+        _ => Choice::one(Implementation::AwsLc),
+        #[cfg(not(feature = "aws-lc"))]
+        _ => Choice::one(Implementation::RustCrypto),
+    }
 }
 
 /// Rounds each candidate is timed in (interleaved, so that a clock or
@@ -273,6 +307,7 @@ enum Keyed {
     Ctr(Ctr),
     Cbc(Cbc),
     Xts(Xts),
+    Crc(CrcAlg, Choice),
 }
 
 impl Runner {
@@ -290,6 +325,14 @@ impl Runner {
                 Mode::Ctr => Keyed::Ctr(Ctr::with_implementation(&key, imp)?),
                 Mode::Cbc => Keyed::Cbc(Cbc::with_implementation(&key, imp)?),
                 Mode::Xts => Keyed::Xts(Xts::with_implementation(&xts_key, imp)?),
+                Mode::Crc32 | Mode::Crc32c if !mode.candidates().contains(&imp) => {
+                    return Err(Error::Unavailable {
+                        alg: mode.name(),
+                        implementation: imp,
+                    });
+                }
+                Mode::Crc32 => Keyed::Crc(CrcAlg::Crc32IsoHdlc, Choice::one(imp)),
+                Mode::Crc32c => Keyed::Crc(CrcAlg::Crc32Iscsi, Choice::one(imp)),
             },
         };
         // A candidate that fails a request is not one (its failures would
@@ -307,6 +350,10 @@ impl Runner {
             Keyed::Ctr(k) => k.apply_keystream(&iv, buf),
             Keyed::Cbc(k) => k.encrypt(&iv, buf),
             Keyed::Xts(k) => k.encrypt_units(&iv, Mode::probe_unit(buf.len()), buf),
+            Keyed::Crc(alg, c) => {
+                std::hint::black_box(crate::crc::checksum_with(*alg, *c, buf));
+                Ok(())
+            }
         }
     }
 

@@ -4,7 +4,8 @@
 
 use core::fmt;
 
-use crate::Error;
+use crate::choice::{self, Choice, Mode};
+use crate::{Error, Implementation};
 
 /// A CRC algorithm, named as in Greg Cook's CRC RevEng catalogue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,15 +81,18 @@ impl fmt::Display for CrcAlg {
 /// assert!(crc.verify(0xe306_9283).is_ok());
 /// ```
 ///
-/// Short inputs do not go through crc-fast: its folding kernels carry a
-/// fixed cost of ~15–20 ns per call (and a slow path for tails under 128
-/// bytes), where crc32fast's slice-by-16 does a 16-byte CRC-32 in 6 ns and
-/// the `crc` crate's 16-way table a 16-byte CRC-64 in 8 ns (measured on the
-/// build machines; the crossovers are in `small_limit`). The running value
-/// moves between the implementations as a plain CRC, so mixing is exact.
+/// The CRC-32s run on the implementations measured fastest on this
+/// machine, per size class of each `update` ([`choice`]: crc-fast,
+/// crc32fast for CRC-32/ISO-HDLC, the `crc32c` crate for CRC-32C); the
+/// CRC-64s on crc-fast, except inputs under [`small_limit`] bytes, which
+/// the `crc` crate's 16-way table does in 8 ns where crc-fast's folding
+/// kernels carry a fixed ~15–20 ns a call. The running value moves between
+/// the implementations as a plain CRC, so mixing is exact.
 #[derive(Clone)]
 pub struct Crc {
     alg: CrcAlg,
+    /// The CRC-32s' implementations per size class.
+    choice: Choice,
     /// The CRC of everything fed so far, unless `digest` holds it.
     value: u64,
     /// crc-fast's running state, while large updates are being fed.
@@ -105,15 +109,36 @@ impl fmt::Debug for Crc {
     }
 }
 
-/// Inputs shorter than this go to the small-input implementation of `alg`
-/// (crc32fast for CRC-32/ISO-HDLC, the `crc` crate's `Table<16>` for the
-/// CRC-64s); CRC-32/ISCSI always uses crc-fast, whose SSE4.2 `crc32` path is
-/// already the fastest at every size.
+/// CRC-64 inputs shorter than this go to the `crc` crate's `Table<16>`
+/// (the CRC-32s follow their measured [`Choice`] instead: 0 here).
 pub const fn small_limit(alg: CrcAlg) -> usize {
     match alg {
-        CrcAlg::Crc32IsoHdlc => 512,
-        CrcAlg::Crc32Iscsi => 0,
+        CrcAlg::Crc32IsoHdlc | CrcAlg::Crc32Iscsi => 0,
         CrcAlg::Crc64Nvme | CrcAlg::Crc64Xz | CrcAlg::Crc64GoIso => 48,
+    }
+}
+
+/// The choice `Crc::new` and [`checksum`] use for `alg`: measured once a
+/// process for the CRC-32s, crc-fast for the CRC-64s.
+pub fn crc_choice(alg: CrcAlg) -> Choice {
+    match Mode::of_crc(alg) {
+        Some(mode) => choice::measured(mode),
+        None => Choice::one(Implementation::CrcFast),
+    }
+}
+
+/// The implementation a `len`-byte input of `alg` runs on under `choice`:
+/// one that does not run `alg` (or a CRC-64) means crc-fast, and for the
+/// CRC-64s [`small_limit`] picks the table.
+#[inline]
+fn runs_on(alg: CrcAlg, choice: Choice, len: usize) -> Implementation {
+    match (alg, choice.for_len(len)) {
+        (CrcAlg::Crc32IsoHdlc, Implementation::Crc32Fast) => Implementation::Crc32Fast,
+        (CrcAlg::Crc32Iscsi, Implementation::Crc32c) => Implementation::Crc32c,
+        (CrcAlg::Crc32IsoHdlc | CrcAlg::Crc32Iscsi, _) => Implementation::CrcFast,
+        // The CRC-64 table: not an `Implementation` of its own (not chosen).
+        _ if len < small_limit(alg) => Implementation::RustCrypto,
+        _ => Implementation::CrcFast,
     }
 }
 
@@ -135,21 +160,25 @@ impl CrcAlg {
     }
 }
 
-/// Continues `value` (the CRC of earlier data) over `data` with the
-/// small-input implementation.
-fn small_update(alg: CrcAlg, value: u64, data: &[u8]) -> u64 {
-    // Both crates are reflected-only here: their register is the CRC before
-    // the final XOR, and `crc` takes its initial register bit-reversed.
-    let table = match alg {
-        CrcAlg::Crc32IsoHdlc => {
+/// Continues `value` (the CRC of earlier data) over `data` on `imp`, one of
+/// the implementations that keep no state between calls (crc32fast,
+/// `crc32c`, and the CRC-64 table, named `RustCrypto` by `runs_on`).
+fn plain_update(alg: CrcAlg, imp: Implementation, value: u64, data: &[u8]) -> u64 {
+    // Every crate here continues from a final CRC, except `crc`, whose
+    // register is the CRC before the final XOR and taken bit-reversed.
+    let table = match (alg, imp) {
+        (_, Implementation::Crc32Fast) => {
             let mut h = crc32fast::Hasher::new_with_initial(value as u32);
             h.update(data);
             return u64::from(h.finalize());
         }
-        CrcAlg::Crc64Nvme => &NVME16,
-        CrcAlg::Crc64Xz => &XZ16,
-        CrcAlg::Crc64GoIso => &GO_ISO16,
-        CrcAlg::Crc32Iscsi => return crc_fast_update(alg, value, data),
+        (_, Implementation::Crc32c) => {
+            return u64::from(crc32c::crc32c_append(value as u32, data));
+        }
+        (CrcAlg::Crc64Nvme, _) => &NVME16,
+        (CrcAlg::Crc64Xz, _) => &XZ16,
+        (CrcAlg::Crc64GoIso, _) => &GO_ISO16,
+        _ => return crc_fast_update(alg, value, data),
     };
     let mut d = table.digest_with_initial((value ^ alg.xorout()).reverse_bits());
     d.update(data);
@@ -163,9 +192,17 @@ fn crc_fast_update(alg: CrcAlg, value: u64, data: &[u8]) -> u64 {
 }
 
 impl Crc {
-    /// Starts a CRC over no data.
+    /// Starts a CRC over no data, on the implementations measured fastest
+    /// here ([`crc_choice`]).
     pub fn new(alg: CrcAlg) -> Self {
-        Crc::resume(alg, checksum(alg, &[]), 0)
+        Crc::with_choice(alg, crc_choice(alg))
+    }
+
+    /// Starts a CRC over no data on `choice` (e.g. a choice saved in a
+    /// profile). An implementation that does not run `alg` means crc-fast.
+    pub fn with_choice(alg: CrcAlg, choice: Choice) -> Self {
+        // The CRC of nothing is 0 for every supported algorithm.
+        Crc::resume_with_choice(alg, choice, 0, 0)
     }
 
     /// Continues a CRC computed elsewhere: `crc` is the (final) CRC of some
@@ -173,8 +210,14 @@ impl Crc {
     /// followed by the new data. This is how a stream whose pieces were
     /// checksummed on different engines is put back together.
     pub fn resume(alg: CrcAlg, crc: u64, len: u64) -> Self {
+        Crc::resume_with_choice(alg, crc_choice(alg), crc, len)
+    }
+
+    /// [`Crc::resume`] on `choice`.
+    pub fn resume_with_choice(alg: CrcAlg, choice: Choice, crc: u64, len: u64) -> Self {
         Crc {
             alg,
+            choice,
             value: crc,
             digest: None,
             len,
@@ -186,16 +229,29 @@ impl Crc {
         self.alg
     }
 
+    /// The implementations small and large updates run on (for the
+    /// CRC-32s; the CRC-64s run on crc-fast and their table).
+    pub fn choice(&self) -> Choice {
+        self.choice
+    }
+
+    /// The implementation a `len`-byte update runs on (`RustCrypto` names
+    /// the `crc` crate's table that short CRC-64 updates run on).
+    pub fn implementation_for(&self, len: usize) -> Implementation {
+        runs_on(self.alg, self.choice, len)
+    }
+
     /// Feeds more data.
     #[inline]
     pub fn update(&mut self, data: &[u8]) {
         // Saturates rather than overflowing on a nonsense `resume` length.
         self.len = self.len.saturating_add(data.len() as u64);
-        if data.len() < small_limit(self.alg) {
+        let imp = runs_on(self.alg, self.choice, data.len());
+        if imp != Implementation::CrcFast {
             if let Some(d) = self.digest.take() {
                 self.value = d.finalize();
             }
-            self.value = small_update(self.alg, self.value, data);
+            self.value = plain_update(self.alg, imp, self.value, data);
         } else {
             let value = self.value;
             let alg = self.alg;
@@ -227,9 +283,9 @@ impl Crc {
         self.len == 0
     }
 
-    /// Starts over with no data.
+    /// Starts over with no data (on the same implementations).
     pub fn reset(&mut self) {
-        *self = Crc::new(self.alg);
+        *self = Crc::with_choice(self.alg, self.choice);
     }
 
     /// Checks the CRC of everything fed so far against `expected`.
@@ -246,18 +302,23 @@ impl Crc {
     }
 }
 
-/// The CRC of `data` in one call.
+/// The CRC of `data` in one call, on the implementation measured fastest
+/// here for its length ([`crc_choice`]).
 #[inline]
 pub fn checksum(alg: CrcAlg, data: &[u8]) -> u64 {
-    if alg == CrcAlg::Crc32IsoHdlc && data.len() < small_limit(alg) {
+    checksum_with(alg, crc_choice(alg), data)
+}
+
+/// [`checksum`] on `choice`.
+#[inline]
+pub fn checksum_with(alg: CrcAlg, choice: Choice, data: &[u8]) -> u64 {
+    match runs_on(alg, choice, data.len()) {
         // crc32fast's one-shot entry skips the hasher set-up (5.5 ns against
         // 8 ns for 16 bytes).
-        u64::from(crc32fast::hash(data))
-    } else if data.len() < small_limit(alg) {
+        Implementation::Crc32Fast => u64::from(crc32fast::hash(data)),
+        Implementation::CrcFast => crc_fast::checksum(alg.fast(), data),
         // The CRC of nothing is 0 for every supported algorithm.
-        small_update(alg, 0, data)
-    } else {
-        crc_fast::checksum(alg.fast(), data)
+        imp => plain_update(alg, imp, 0, data),
     }
 }
 

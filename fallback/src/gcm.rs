@@ -147,6 +147,12 @@ impl Imp {
                     size,
                 )
             }
+            _ => {
+                return Err(Error::Unavailable {
+                    alg: ALG,
+                    implementation: imp,
+                });
+            }
         })
     }
 

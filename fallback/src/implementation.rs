@@ -1,6 +1,6 @@
 //! Which CPU implementation runs a mode.
 
-/// A CPU implementation of the AES modes.
+/// A CPU implementation of the AES modes or of the CRC-32s.
 ///
 /// Every mode has a pure-Rust RustCrypto implementation; with the `aws-lc`
 /// feature (on by default) GCM, CTR and CBC can also run on aws-lc-rs and
@@ -25,16 +25,34 @@ pub enum Implementation {
     /// 256-bit keys only.
     #[cfg(feature = "ring")]
     Ring,
+    /// crc-fast: carry-less-multiply folding (PCLMULQDQ, VPCLMULQDQ with
+    /// AVX-512; PMULL on aarch64) and the SSE4.2 `crc32` instruction for
+    /// CRC-32C. Runs every CRC.
+    CrcFast,
+    /// crc32fast: CRC-32/ISO-HDLC only (slice-by-16 tables, PCLMULQDQ
+    /// folding from 64 bytes).
+    Crc32Fast,
+    /// The `crc32c` crate: CRC-32/ISCSI only (three interleaved streams of
+    /// the SSE4.2 `crc32` instruction, tables without it).
+    Crc32c,
 }
 
 impl Implementation {
-    /// Every implementation compiled into this build.
+    /// Every implementation of the AES modes compiled into this build.
     pub const ALL: &'static [Implementation] = &[
         Implementation::RustCrypto,
         #[cfg(feature = "aws-lc")]
         Implementation::AwsLc,
         #[cfg(feature = "ring")]
         Implementation::Ring,
+    ];
+
+    /// Every implementation of the CRC-32s ([`crate::choice::Mode::Crc32`],
+    /// [`crate::choice::Mode::Crc32c`]).
+    pub const CRC: &'static [Implementation] = &[
+        Implementation::CrcFast,
+        Implementation::Crc32Fast,
+        Implementation::Crc32c,
     ];
 
     /// A short name for reports and benchmarks.
@@ -45,15 +63,19 @@ impl Implementation {
             Implementation::AwsLc => "aws-lc",
             #[cfg(feature = "ring")]
             Implementation::Ring => "ring",
+            Implementation::CrcFast => "crc-fast",
+            Implementation::Crc32Fast => "crc32fast",
+            Implementation::Crc32c => "crc32c",
         }
     }
 
     /// Whether it runs AES-CTR and AES-CBC (ring runs GCM only).
     pub const fn has_ctr_and_cbc(self) -> bool {
         match self {
-            #[cfg(feature = "ring")]
-            Implementation::Ring => false,
-            _ => true,
+            Implementation::RustCrypto => true,
+            #[cfg(feature = "aws-lc")]
+            Implementation::AwsLc => true,
+            _ => false,
         }
     }
 
@@ -62,6 +84,7 @@ impl Implementation {
     pub fn from_name(name: &str) -> Option<Implementation> {
         Implementation::ALL
             .iter()
+            .chain(Implementation::CRC)
             .copied()
             .find(|i| i.name() == name)
     }

@@ -17,7 +17,7 @@ mod aws_lc;
 
 pub use block_cipher::KeySize;
 pub use cbc::Cbc;
-pub use crc::{Crc, CrcAlg, checksum, combine};
+pub use crc::{Crc, CrcAlg, checksum, checksum_with, combine, crc_choice};
 pub use ctr::Ctr;
 pub use error::{Error, LengthRule};
 pub use gcm::{

@@ -144,7 +144,10 @@ impl Xts {
         self.choice
     }
 
-    /// The implementation a `len`-byte request runs on.
+    /// The implementation a `len`-byte request runs on (a request whose
+    /// data units are over 2^20 blocks, which AWS-LC refuses as IEEE
+    /// 1619-2018 and NIST SP 800-38E do, runs on RustCrypto whatever this
+    /// says).
     pub fn implementation_for(&self, len: usize) -> Implementation {
         self.choice.for_len(len)
     }

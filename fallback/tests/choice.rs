@@ -4,7 +4,7 @@
 //! an implementation slowed by hiding CPU features from it.
 
 use crypto_offload_fallback::choice::{self, Choice, Mode, SMALL_MAX};
-use crypto_offload_fallback::{Cbc, Ctr, Gcm, Implementation, Xts};
+use crypto_offload_fallback::{Cbc, Crc, CrcAlg, Ctr, Gcm, Implementation, Xts, checksum_with};
 use proptest::prelude::*;
 
 fn bytes(len: usize, seed: u64) -> Vec<u8> {
@@ -169,6 +169,49 @@ proptest! {
             prop_assert_eq!(&got, &want, "XTS {:?} unit {}", c, unit);
             xts.decrypt_units(&iv, unit, &mut got).unwrap();
             prop_assert_eq!(&got[..], data, "XTS {:?} decrypt", c);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The CRC-32s on every pair of candidates as (small, large) — and on
+    /// an implementation of the other CRC-32, which means crc-fast — fed in
+    /// pieces on both sides of the class boundary, and in one call: the
+    /// `crc` crate's value every time.
+    #[test]
+    fn a_crc_split_across_implementations_is_one_crc(
+        len in prop_oneof![0usize..3 * SMALL_MAX, 0usize..40_000],
+        cuts in proptest::collection::vec(0usize..2 * SMALL_MAX + 64, 0..8),
+        seed: u64,
+    ) {
+        let data = bytes(len, seed);
+        for (alg, reference) in [
+            (CrcAlg::Crc32IsoHdlc, crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC)),
+            (CrcAlg::Crc32Iscsi, crc::Crc::<u32>::new(&crc::CRC_32_ISCSI)),
+        ] {
+            let want = u64::from(reference.checksum(&data));
+            let mode = Mode::of_crc(alg).unwrap();
+            let mut choices: Vec<Choice> = pairs(mode, &[], |_, c| c).into_iter().map(|(c, _)| c).collect();
+            choices.extend(Implementation::CRC.iter().map(|&i| Choice::one(i)));
+            for c in choices {
+                prop_assert_eq!(checksum_with(alg, c, &data), want, "{} {:?} one call", alg, c);
+                let mut crc = Crc::with_choice(alg, c);
+                let mut rest = &data[..];
+                for &cut in &cuts {
+                    let (piece, tail) = rest.split_at(cut.min(rest.len()));
+                    let ran = crc.implementation_for(piece.len());
+                    prop_assert!(
+                        ran == c.for_len(piece.len()) || !mode.candidates().contains(&c.for_len(piece.len())),
+                        "{} {:?}: {} B ran on {:?}", alg, c, piece.len(), ran
+                    );
+                    crc.update(piece);
+                    rest = tail;
+                }
+                crc.update(rest);
+                prop_assert_eq!(crc.finalize(), want, "{} {:?} in pieces {:?}", alg, c, &cuts);
+            }
         }
     }
 }

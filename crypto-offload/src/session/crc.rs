@@ -69,7 +69,7 @@ impl CrcSession {
             Contexts::open(&slots, alg.into(), |b| async move { b.open_crc(alg).await }).await?;
         Ok(CrcSession {
             alg,
-            state: Crc::new(alg),
+            state: Crc::with_choice(alg, slots.cpu.crc_choice(alg)),
             on: Engines {
                 alg,
                 contexts,
@@ -178,7 +178,12 @@ impl CrcOp<'_> {
         let len = len as u64;
         let alg = self.on.alg;
         let value = combine(alg, self.crc.finalize(), piece, len);
-        *self.crc = Crc::resume(alg, value, self.crc.len().saturating_add(len));
+        *self.crc = Crc::resume_with_choice(
+            alg,
+            self.crc.choice(),
+            value,
+            self.crc.len().saturating_add(len),
+        );
     }
 }
 
@@ -229,7 +234,10 @@ impl<'a, B: Buffer> Operation<'a, B> for CrcOp<'a> {
 
     fn spawn_cpu(&self, _: usize, mut buf: B, parts: usize) -> CpuJob<u64, B> {
         let alg = self.on.alg;
-        tokio::task::spawn_blocking(move || (Ok(checksum_split(alg, buf.bytes_mut(), parts)), buf))
+        let choice = self.crc.choice();
+        tokio::task::spawn_blocking(move || {
+            (Ok(checksum_split(alg, choice, buf.bytes_mut(), parts)), buf)
+        })
     }
 
     fn job_done(&mut self, &sent: &usize, piece: u64, buf: B) -> B {
