@@ -160,6 +160,71 @@ impl Choice {
     }
 }
 
+/// What a keyed implementation runs on.
+pub(crate) trait RunsOn {
+    fn implementation(&self) -> Implementation;
+}
+
+/// A key on its implementations: one for small requests, and one for
+/// large ones when the choice differs by size (boxed: a large request does
+/// not feel the pointer).
+pub(crate) struct Split<I> {
+    small: I,
+    large: Option<Box<I>>,
+}
+
+impl<I: RunsOn> Split<I> {
+    /// One implementation for every size.
+    pub(crate) fn one(imp: I) -> Self {
+        Split {
+            small: imp,
+            large: None,
+        }
+    }
+
+    /// The key on `choice`, made by `make`; an implementation `make` says
+    /// is [`Error::Unavailable`] for this key is replaced by `default`.
+    pub(crate) fn new(
+        choice: Choice,
+        default: Implementation,
+        make: impl Fn(Implementation) -> Result<I, Error>,
+    ) -> Result<Self, Error> {
+        let make = |imp| match make(imp) {
+            Err(Error::Unavailable { .. }) => make(default),
+            other => other,
+        };
+        let small = make(choice.small)?;
+        let large = if choice.large == choice.small {
+            None
+        } else {
+            Some(Box::new(make(choice.large)?))
+        };
+        Ok(Split { small, large })
+    }
+
+    /// The implementation of small requests.
+    pub(crate) fn small(&self) -> &I {
+        &self.small
+    }
+
+    /// The implementation of a `len`-byte request.
+    #[inline]
+    pub(crate) fn for_len(&self, len: usize) -> &I {
+        match &self.large {
+            Some(large) if len > SMALL_MAX => large,
+            _ => &self.small,
+        }
+    }
+
+    /// What small and large requests run on.
+    pub(crate) fn choice(&self) -> Choice {
+        Choice {
+            small: self.small.implementation(),
+            large: self.for_len(usize::MAX).implementation(),
+        }
+    }
+}
+
 /// What one candidate took per request at the two probe sizes (the least
 /// of several rounds).
 #[derive(Debug, Clone, Copy, PartialEq)]

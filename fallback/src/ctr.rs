@@ -12,7 +12,7 @@ use cipher::typenum::Unsigned;
 use cipher::{BlockCipherEncBackend, BlockCipherEncClosure, BlockSizeUser};
 
 use crate::block_cipher::{Aes, KeySize, blocks_mut};
-use crate::choice::{self, Choice, Mode};
+use crate::choice::{self, Choice, Mode, RunsOn, Split};
 use crate::{Error, Implementation};
 
 type Block = cipher::Block<Aes128>;
@@ -21,10 +21,7 @@ const ALG: &str = "AES-CTR";
 
 /// An AES-CTR key.
 pub struct Ctr {
-    /// The implementation of requests up to [`choice::SMALL_MAX`] bytes.
-    imp: Imp,
-    /// The one of longer requests, when the choice differs by size.
-    large: Option<Box<Imp>>,
+    imp: Split<Imp>,
 }
 
 // The key schedule stays inline (no pointer chase per request); a key is
@@ -64,7 +61,9 @@ impl Imp {
             }
         })
     }
+}
 
+impl RunsOn for Imp {
     fn implementation(&self) -> Implementation {
         match self {
             Imp::RustCrypto(_) => Implementation::RustCrypto,
@@ -106,8 +105,7 @@ impl Ctr {
     /// [`Error::Unavailable`] for ring (GCM only).
     pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
         Ok(Ctr {
-            imp: Imp::new(key, imp)?,
-            large: None,
+            imp: Split::one(Imp::new(key, imp)?),
         })
     }
 
@@ -118,22 +116,16 @@ impl Ctr {
     /// # Errors
     /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
     pub fn with_choice(key: &[u8], choice: Choice) -> Result<Self, Error> {
-        let make = |imp| match Imp::new(key, imp) {
-            Err(Error::Unavailable { .. }) => Imp::new(key, Self::DEFAULT_IMPLEMENTATION),
-            other => other,
-        };
-        let imp = make(choice.small)?;
-        let large = if choice.large == choice.small {
-            None
-        } else {
-            Some(Box::new(make(choice.large)?))
-        };
-        Ok(Ctr { imp, large })
+        Ok(Ctr {
+            imp: Split::new(choice, Self::DEFAULT_IMPLEMENTATION, |imp| {
+                Imp::new(key, imp)
+            })?,
+        })
     }
 
     /// The AES key size.
     pub fn key_size(&self) -> KeySize {
-        match &self.imp {
+        match self.imp.small() {
             Imp::RustCrypto(aes) => aes.key_size(),
             #[cfg(feature = "aws-lc")]
             Imp::AwsLc(_, size) => *size,
@@ -143,28 +135,17 @@ impl Ctr {
     /// The implementation of small requests (at most
     /// [`choice::SMALL_MAX`] bytes); [`Ctr::choice`] has both.
     pub fn implementation(&self) -> Implementation {
-        self.imp.implementation()
+        self.imp.small().implementation()
     }
 
     /// The implementations this key runs small and large requests on.
     pub fn choice(&self) -> Choice {
-        Choice {
-            small: self.imp.implementation(),
-            large: self.imp_for(usize::MAX).implementation(),
-        }
+        self.imp.choice()
     }
 
     /// The implementation a `len`-byte request runs on.
     pub fn implementation_for(&self, len: usize) -> Implementation {
-        self.imp_for(len).implementation()
-    }
-
-    #[inline]
-    fn imp_for(&self, len: usize) -> &Imp {
-        match &self.large {
-            Some(large) if len > choice::SMALL_MAX => large,
-            _ => &self.imp,
-        }
+        self.imp.for_len(len).implementation()
     }
 
     /// XORs the keystream that starts at counter block `iv` into `data`
@@ -177,7 +158,7 @@ impl Ctr {
     /// rules out).
     #[inline]
     pub fn apply_keystream(&self, iv: &[u8; 16], data: &mut [u8]) -> Result<(), Error> {
-        match self.imp_for(data.len()) {
+        match self.imp.for_len(data.len()) {
             Imp::RustCrypto(aes) => {
                 apply_keystream(aes, u128::from_be_bytes(*iv), data);
                 Ok(())

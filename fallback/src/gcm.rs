@@ -11,7 +11,7 @@ use cipher::consts::U12;
 use zeroize::Zeroize;
 
 use crate::block_cipher::KeySize;
-use crate::choice::{self, Choice, Mode};
+use crate::choice::{self, Choice, Mode, RunsOn, Split};
 use crate::{Error, Implementation, LengthRule};
 
 const ALG: &str = "AES-GCM";
@@ -30,11 +30,7 @@ type Aes192Gcm = AesGcm<aes::Aes192, U12>;
 
 /// An AES-GCM key.
 pub struct Gcm {
-    /// The implementation of requests up to [`choice::SMALL_MAX`] bytes.
-    imp: Imp,
-    /// The one of longer requests, when the choice differs by size (boxed:
-    /// a large request does not feel the pointer).
-    large: Option<Box<Imp>>,
+    imp: Split<Imp>,
     /// The key itself, for the parallel path's CTR key (built per request:
     /// ~100 ns beside a request long enough to split). Wiped on drop.
     key: KeyBytes,
@@ -167,7 +163,9 @@ impl Imp {
             Imp::Ring(_, size) => *size,
         }
     }
+}
 
+impl RunsOn for Imp {
     fn implementation(&self) -> Implementation {
         match self {
             Imp::A128(_) | Imp::A192(_) | Imp::A256(_) => Implementation::RustCrypto,
@@ -212,8 +210,7 @@ impl Gcm {
     /// this key size (ring has no AES-192-GCM).
     pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
         Ok(Gcm {
-            imp: Imp::new(key, imp)?,
-            large: None,
+            imp: Split::one(Imp::new(key, imp)?),
             key: KeyBytes::new(key),
         })
     }
@@ -226,19 +223,10 @@ impl Gcm {
     /// # Errors
     /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
     pub fn with_choice(key: &[u8], choice: Choice) -> Result<Self, Error> {
-        let make = |imp| match Imp::new(key, imp) {
-            Err(Error::Unavailable { .. }) => Imp::new(key, Self::DEFAULT_IMPLEMENTATION),
-            other => other,
-        };
-        let imp = make(choice.small)?;
-        let large = if choice.large == choice.small {
-            None
-        } else {
-            Some(Box::new(make(choice.large)?))
-        };
         Ok(Gcm {
-            imp,
-            large,
+            imp: Split::new(choice, Self::DEFAULT_IMPLEMENTATION, |imp| {
+                Imp::new(key, imp)
+            })?,
             key: KeyBytes::new(key),
         })
     }
@@ -246,10 +234,7 @@ impl Gcm {
     /// The implementation of a `len`-byte request.
     #[inline]
     fn imp_for(&self, len: usize) -> &Imp {
-        match &self.large {
-            Some(large) if len > choice::SMALL_MAX => large,
-            _ => &self.imp,
-        }
+        self.imp.for_len(len)
     }
 
     pub(crate) fn key_bytes(&self) -> &[u8] {
@@ -258,13 +243,13 @@ impl Gcm {
 
     /// The AES key size.
     pub fn key_size(&self) -> KeySize {
-        self.imp.key_size()
+        self.imp.small().key_size()
     }
 
     /// The implementation of small requests (at most
     /// [`choice::SMALL_MAX`] bytes); [`Gcm::choice`] has both.
     pub fn implementation(&self) -> Implementation {
-        self.imp.implementation()
+        self.imp.small().implementation()
     }
 
     /// The implementation of a `len`-byte request.
@@ -274,13 +259,7 @@ impl Gcm {
 
     /// The implementations this key runs small and large requests on.
     pub fn choice(&self) -> Choice {
-        Choice {
-            small: self.imp.implementation(),
-            large: self
-                .large
-                .as_ref()
-                .map_or(self.imp.implementation(), |l| l.implementation()),
-        }
+        self.imp.choice()
     }
 
     /// Encrypts `data` in place and returns the tag over `aad` and the

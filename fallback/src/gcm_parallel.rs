@@ -25,7 +25,7 @@ use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, Zeroizing};
 
 use crate::gcm::{NONCE_LEN, Tag, check_len};
-use crate::{Ctr, Error, Gcm, Implementation};
+use crate::{Ctr, Error, Gcm};
 
 /// A field element, in GCM's byte order.
 type Elem = [u8; 16];
@@ -130,20 +130,21 @@ impl Gcm {
             return Ok([0; 16]);
         }
         match self.implementation_for(usize::MAX) {
-            Implementation::RustCrypto => {
-                let _ = nonce; // the hash key is all GHASH needs
-                let mut g = GHash::new(&(*s.h).into());
-                g.update_padded(data);
-                Ok(mul(&g.finalize().into(), &s.h))
-            }
             // A fused GCM (aws-lc, ring): the tag of `data` as AAD.
             #[cfg(any(feature = "aws-lc", feature = "ring"))]
-            _ => {
+            imp if imp != crate::Implementation::RustCrypto => {
                 // tag = E(J₀) ⊕ Z(data)·H ⊕ L·H, with L = lengths(data, 0).
                 let mut w = self.seal_in_place_detached(nonce, data, &mut [])?;
                 xor(&mut w, &s.ek_j0);
                 xor(&mut w, &mul(&lengths(data.len(), 0), &s.h));
                 Ok(w)
+            }
+            // RustCrypto (a GCM key runs on no other).
+            _ => {
+                let _ = nonce; // the hash key is all GHASH needs
+                let mut g = GHash::new(&(*s.h).into());
+                g.update_padded(data);
+                Ok(mul(&g.finalize().into(), &s.h))
             }
         }
     }
