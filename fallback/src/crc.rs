@@ -84,7 +84,7 @@ impl fmt::Display for CrcAlg {
 /// The CRC-32s run on the implementations measured fastest on this
 /// machine, per size class of each `update` ([`choice`]: crc-fast,
 /// crc32fast for CRC-32/ISO-HDLC, the `crc32c` crate for CRC-32C); the
-/// CRC-64s on crc-fast, except inputs under [`small_limit`] bytes, which
+/// CRC-64s on crc-fast, except inputs under 48 bytes, which
 /// the `crc` crate's 16-way table does in 8 ns where crc-fast's folding
 /// kernels carry a fixed ~15–20 ns a call. The running value moves between
 /// the implementations as a plain CRC, so mixing is exact.
