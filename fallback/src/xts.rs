@@ -15,6 +15,8 @@ use cipher::{
     BlockSizeUser,
 };
 
+use subtle::ConstantTimeEq;
+
 use crate::block_cipher::{Aes, KeySize, blocks_mut};
 use crate::choice::{self, Choice, Mode};
 use crate::{Error, Implementation, LengthRule};
@@ -108,7 +110,7 @@ impl Xts {
             });
         }
         let (k1, k2) = key.split_at(key.len() / 2);
-        if constant_time_eq(k1, k2) {
+        if bool::from(k1.ct_eq(k2)) {
             return Err(Error::XtsWeakKey);
         }
         #[cfg(feature = "aws-lc")]
@@ -325,10 +327,6 @@ fn check_units(unit_len: usize, len: usize) -> Result<(), Error> {
         len,
         rule,
     })
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Multiplies a tweak by the primitive element α of GF(2^128) (IEEE 1619

@@ -23,6 +23,8 @@ use core::ffi::c_int;
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicPtr, Ordering};
 
+use subtle::ConstantTimeEq;
+
 use aws_lc_sys::{
     EVP_CIPHER_CTX, EVP_CIPHER_CTX_copy, EVP_CIPHER_CTX_free, EVP_CIPHER_CTX_new,
     EVP_CipherInit_ex, EVP_CipherUpdate, EVP_aes_256_xts,
@@ -95,7 +97,7 @@ impl Xts256 {
     /// [`XtsError::EqualHalves`] when Key1 = Key2; [`XtsError::Failed`] when
     /// AWS-LC cannot allocate a context.
     pub fn new(key: &[u8; 64]) -> Result<Self, XtsError> {
-        if constant_time_eq(&key[..32], &key[32..]) {
+        if bool::from(key[..32].ct_eq(&key[32..])) {
             return Err(XtsError::EqualHalves);
         }
         Ok(Xts256 {
@@ -311,10 +313,6 @@ unsafe impl Send for Ctx {}
 // reading (EVP_CIPHER_CTX_copy, see `take`); every context that is run is
 // owned by one call at a time (moved out of its slot by an atomic swap).
 unsafe impl Sync for Contexts {}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
 
 #[cfg(test)]
 mod tests {
