@@ -106,9 +106,14 @@ async fn four_times_the_ring_in_flight_all_complete_correctly() {
         if !indirect {
             setup.features &= !crate::transport::F_INDIRECT_DESC;
         }
-        let (dev, _handle) = open(setup);
+        let (dev, handle) = open(setup);
         assert_eq!(dev.queue_size(), 64);
         let idle = dev.dma_units_in_use();
+        // The device holds what it takes until every request is submitted
+        // or waiting for room, so the ring fills however the threads are
+        // scheduled (a fast device on an idle machine could otherwise keep
+        // up, and a loaded one make that flaky).
+        handle.faults(|f| f.hang = true);
         let key = pattern(16, 1);
         let s = Arc::new(dev.cipher_session(CipherAlgo::AesCbc, &key).await.unwrap());
         let n = 4 * dev.queue_size() + 7;
@@ -123,6 +128,15 @@ async fn four_times_the_ring_in_flight_all_complete_correctly() {
                 })
             })
             .collect();
+        let start = std::time::Instant::now();
+        while dev.queue_full_count() == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the ring never filled"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        handle.faults(|f| f.hang = false);
         let all = tokio::time::timeout(Duration::from_secs(30), futures_join(tasks))
             .await
             .expect("requests lost: not all completed within 30 s");
