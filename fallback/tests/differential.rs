@@ -529,3 +529,22 @@ fn gcm_on(key: &[u8], imp: Implementation) -> Option<Gcm> {
         r => Some(r.unwrap()),
     }
 }
+
+/// Every length up to well past the CRC-64s' table limit and the CRC-32s'
+/// size classes, one-shot and resumed: the `crc` crate's value (each
+/// algorithm's one-shot takes its own path per length class).
+#[test]
+fn crc_every_short_length_matches_the_crc_crate() {
+    let data = bytes(1100, 42);
+    for alg in CrcAlg::ALL {
+        for len in 0..=data.len() {
+            let d = &data[..len];
+            let want = crc_reference(alg, d);
+            assert_eq!(checksum(alg, d), want, "{alg} {len} one-shot");
+            let (a, b) = d.split_at(len / 3);
+            let mut crc = Crc::resume(alg, checksum(alg, a), a.len() as u64);
+            crc.update(b);
+            assert_eq!(crc.finalize(), want, "{alg} {len} resumed");
+        }
+    }
+}
