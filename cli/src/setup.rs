@@ -247,14 +247,16 @@ fn cpu_features() -> (Vec<&'static str>, Vec<&'static str>) {
     (has, lacks)
 }
 
-/// Per CPU mode, the implementations chosen for small and large requests
-/// and why: the measured time a request of every candidate, or where the
-/// choice was given.
+/// Per CPU mode, the implementations chosen and up to which length each
+/// runs, and why: the measured time a request of every candidate at each
+/// probe length, or where the choice was given.
 pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
     use crypto_offload::cpu::ChoiceSource;
-    use crypto_offload::cpu_choice::{self, Mode, SMALL_MAX};
+    use crypto_offload::cpu_choice::{self, Mode, PROBES};
+    let probes: Vec<String> = PROBES.iter().map(|&p| size_name(p)).collect();
     let mut out = format!(
-        "CPU implementations (small: at most {SMALL_MAX} B; ns a request at each mode's two probe sizes):\n"
+        "CPU implementations (measured: ns a request at {}):\n",
+        probes.join(" / ")
     );
     for mode in Mode::ALL {
         let (choice, source) = offload.cpu_choice(mode);
@@ -265,18 +267,13 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
                     .timings
                     .iter()
                     .map(|t| {
-                        format!(
-                            "{} {} / {}",
-                            t.implementation.name(),
-                            t.small.as_nanos(),
-                            t.large.as_nanos()
-                        )
+                        let ns: Vec<String> =
+                            t.times.iter().map(|d| d.as_nanos().to_string()).collect();
+                        format!("{} {}", t.implementation.name(), ns.join("/"))
                     })
                     .collect();
-                let (small, large) = mode.probes();
                 format!(
-                    "measured at {small} B / {} KiB in {:.1} ms: {}",
-                    large >> 10,
+                    "measured in {:.1} ms: {}",
                     m.took.as_secs_f64() * 1e3,
                     each.join(", ")
                 )
@@ -285,14 +282,28 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
             ChoiceSource::Forced => "forced".to_owned(),
             _ => format!("{source:?}"),
         };
-        out += &format!(
-            "  {:<6} small {:<10} large {:<10} ({why})\n",
-            mode.name(),
-            choice.small.name(),
-            choice.large.name()
-        );
+        let runs = if choice.small == choice.large {
+            choice.small.name().to_owned()
+        } else {
+            format!(
+                "{} to {}, then {}",
+                choice.small.name(),
+                size_name(choice.small_max),
+                choice.large.name()
+            )
+        };
+        out += &format!("  {:<6} {runs:<30} ({why})\n", mode.name());
     }
     out
+}
+
+/// `len` bytes as people write it: `512 B`, `4 KiB`, `1500 B`.
+fn size_name(len: usize) -> String {
+    if len >= 1024 && len.is_multiple_of(1024) {
+        format!("{} KiB", len >> 10)
+    } else {
+        format!("{len} B")
+    }
 }
 
 pub async fn calibrate(b: &Backends, out: Option<PathBuf>) -> Result<(), Error> {

@@ -30,7 +30,7 @@ fn probe_lists_the_cpu_and_the_simulated_engines() {
             .lines()
             .find(|l| l.trim_start().starts_with(&format!("{} ", mode.name())))
             .unwrap_or_else(|| panic!("no {mode:?} choice in:\n{out}"));
-        assert!(line.contains("measured at "), "{line}");
+        assert!(line.contains("measured in "), "{line}");
         for imp in mode.candidates() {
             assert!(
                 line.contains(&format!("{} ", imp.name())),

@@ -541,6 +541,16 @@ pub struct CpuImplementation {
     pub small: String,
     /// The implementation of large requests.
     pub large: String,
+    /// The longest request that runs on `small`
+    /// ([`Choice::small_max`](crate::cpu_choice::Choice::small_max); a
+    /// profile without it means
+    /// [`SMALL_MAX`](crate::cpu_choice::SMALL_MAX)).
+    #[serde(default = "default_small_max")]
+    pub small_max: usize,
+}
+
+fn default_small_max() -> usize {
+    crate::cpu_choice::SMALL_MAX
 }
 
 impl CpuImplementation {
@@ -550,6 +560,7 @@ impl CpuImplementation {
             mode: mode.name().to_owned(),
             small: choice.small.name().to_owned(),
             large: choice.large.name().to_owned(),
+            small_max: choice.small_max,
         }
     }
 
@@ -563,6 +574,7 @@ impl CpuImplementation {
             crate::cpu_choice::Choice {
                 small: Implementation::from_name(&self.small)?,
                 large: Implementation::from_name(&self.large)?,
+                small_max: self.small_max,
             },
         ))
     }

@@ -485,6 +485,7 @@ async fn the_cpu_choice_is_measured_saved_and_loaded_with_the_profile() {
     let other = |mode: Mode| Choice {
         small: Implementation::RustCrypto,
         large: *mode.candidates().last().unwrap(),
+        small_max: 1000,
     };
     let mut given = saved.clone();
     given.cpu_implementations = Mode::ALL

@@ -137,7 +137,7 @@ impl Cbc {
     }
 
     /// The implementation of small requests (at most
-    /// [`choice::SMALL_MAX`] bytes); [`Cbc::choice`] has both.
+    /// [`Choice::small_max`](choice::Choice::small_max) bytes); [`Cbc::choice`] has both.
     pub fn implementation(&self) -> Implementation {
         self.imp.small().implementation()
     }

@@ -1,26 +1,29 @@
 //! Which implementation runs a mode on this machine: chosen by measuring
-//! the candidates, per size class, once per process.
+//! the candidates over a ladder of request sizes, once per process.
 //!
 //! A choice fixed at build time is wrong on some CPU: on AMD Zen 3 (VAES and
 //! VPCLMULQDQ with AVX2, no AVX-512) ring's AES-GCM runs at twice
 //! aws-lc's (aws-lc has no VAES + AVX2 GCM and falls back to its AES-NI
-//! code), on AVX-512 machines aws-lc's is ahead; RustCrypto's CTR and CBC
-//! beat aws-lc's on 16–64-byte requests (less set-up a call) and lose on
-//! long ones. So [`measured`] times every candidate compiled in
-//! ([`Mode::candidates`]) at a small and a large request ([`Mode::probes`])
-//! and keeps, for each size class, the fastest — unless it beats the
-//! build's default ([`default_choice`]) by less than [`MARGIN`], so that
-//! two near-equal candidates do not trade places from one process to the
-//! next.
+//! code), on AVX-512 machines aws-lc's is ahead from 4 KiB and ring's below
+//! 2 KiB; RustCrypto's CTR and CBC beat aws-lc's on 16–64-byte requests on
+//! Zen 3 and lose to them on Zen 4. So [`measured`] times every candidate
+//! compiled in ([`Mode::candidates`]) at each of [`PROBES`] (16 B to
+//! 16 KiB) and keeps two: the fastest at the smallest probe and the fastest
+//! at the largest — unless it beats the build's default
+//! ([`default_choice`]) by less than [`MARGIN`], so that two near-equal
+//! candidates do not trade places from one process to the next — with the
+//! request length where the two cross ([`Choice::small_max`]), found
+//! between the probes.
 //!
 //! Each mode is measured the first time a key of it is made without an
-//! explicit implementation, in about a millisecond a mode (the figures are
-//! in [`Measured::took`]); [`measure`] runs it again and returns the
+//! explicit implementation, in one to a few milliseconds a mode (the figures
+//! are in [`Measured::took`]); [`measure`] runs it again and returns the
 //! timings, [`Choice`] can be handed to a key's `with_choice` to skip it (a
 //! server that loaded a profile), and `with_implementation` forces one
 //! implementation.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::{Cbc, CrcAlg, Ctr, Error, Gcm, Implementation, Xts};
@@ -97,32 +100,22 @@ impl Mode {
         }
     }
 
-    /// The request lengths the small and the large class are measured at:
-    /// [`SMALL_PROBE`] and [`LARGE_PROBE`], except XTS, measured where
-    /// storage uses it: one 512-byte sector, and four 4 KiB data units
-    /// ([`Mode::probe_unit`]).
-    pub const fn probes(self) -> (usize, usize) {
-        match self {
-            Mode::Xts => (512, LARGE_PROBE),
-            _ => (SMALL_PROBE, LARGE_PROBE),
-        }
-    }
-
-    /// The XTS data unit of a `len`-byte probe (the whole of it up to 4 KiB).
+    /// The data unit of an XTS request of `len` bytes when measured (the
+    /// whole of it up to 4 KiB: the 16 KiB probe is four 4 KiB units, as
+    /// storage writes them).
     pub const fn probe_unit(len: usize) -> usize {
         if len > 4096 { 4096 } else { len }
     }
 }
 
-/// Requests of at most this many bytes are small ([`Choice::small`]).
+/// Requests of at most this many bytes run on [`Choice::small`] when the
+/// choice was not measured ([`Choice::one`], [`default_choice`]).
 pub const SMALL_MAX: usize = 512;
 
-/// The request length the small class is measured at (but see
-/// [`Mode::probes`]).
-pub const SMALL_PROBE: usize = 64;
-
-/// The request length the large class is measured at.
-pub const LARGE_PROBE: usize = 16 << 10;
+/// The request lengths every mode is measured at: the smallest picks
+/// [`Choice::small`], the largest [`Choice::large`], and those between
+/// place [`Choice::small_max`].
+pub const PROBES: [usize; 6] = [16, 64, 256, 1024, 4096, 16 << 10];
 
 /// How much faster than the default a candidate must measure to be chosen
 /// over it. Ties go to the default, so the choice is the same in every
@@ -130,14 +123,41 @@ pub const LARGE_PROBE: usize = 16 << 10;
 /// ring's GCM measured 1.9–2.3× aws-lc's).
 pub const MARGIN: f64 = 1.10;
 
-/// The implementations of one mode: one for small requests (at most
-/// [`SMALL_MAX`] bytes), one for the rest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The implementations of one mode: one for requests of at most
+/// [`small_max`](Choice::small_max) bytes, one for the rest.
+///
+/// Two choices that run every length on the same implementation are equal
+/// whatever their `small_max`.
+#[derive(Debug, Clone, Copy, Eq)]
 pub struct Choice {
-    /// Requests of at most [`SMALL_MAX`] bytes.
+    /// Requests of at most `small_max` bytes.
     pub small: Implementation,
     /// Longer requests.
     pub large: Implementation,
+    /// The longest request that runs on `small` (where the two measured
+    /// equal; [`SMALL_MAX`] unless measured).
+    pub small_max: usize,
+}
+
+/// The largest `small_max` [`Choice::encode`] keeps as it is.
+const MAX_CODED: u64 = (1 << 48) - 1;
+
+impl PartialEq for Choice {
+    fn eq(&self, other: &Choice) -> bool {
+        self.small == other.small
+            && self.large == other.large
+            && (self.small == self.large || self.small_max == other.small_max)
+    }
+}
+
+impl core::hash::Hash for Choice {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        self.small.hash(state);
+        self.large.hash(state);
+        if self.small != self.large {
+            self.small_max.hash(state);
+        }
+    }
 }
 
 impl Choice {
@@ -146,13 +166,53 @@ impl Choice {
         Choice {
             small: imp,
             large: imp,
+            small_max: SMALL_MAX,
         }
+    }
+
+    /// `small` for requests of at most [`SMALL_MAX`] bytes, `large` for
+    /// the rest.
+    pub const fn split(small: Implementation, large: Implementation) -> Choice {
+        Choice {
+            small,
+            large,
+            small_max: SMALL_MAX,
+        }
+    }
+
+    /// The choice as a non-zero `u64`: a byte an implementation (its index
+    /// in [`Implementation::EVERY`] plus one), then `small_max` (2^48 - 1
+    /// standing for that or more: no request is that long).
+    const fn encode(self) -> u64 {
+        let max = if self.small_max as u64 >= MAX_CODED {
+            MAX_CODED
+        } else {
+            self.small_max as u64
+        };
+        (self.small as u64 + 1) | ((self.large as u64 + 1) << 8) | (max << 16)
+    }
+
+    /// The choice [`Choice::encode`] made `code`, or `None` for 0.
+    #[inline]
+    fn decode(code: u64) -> Option<Choice> {
+        let imp = |byte: u64| {
+            let i = usize::try_from(byte & 0xff).ok()?.checked_sub(1)?;
+            Implementation::EVERY.get(i).copied()
+        };
+        Some(Choice {
+            small: imp(code)?,
+            large: imp(code >> 8)?,
+            small_max: match code >> 16 {
+                MAX_CODED => usize::MAX,
+                max => usize::try_from(max).unwrap_or(usize::MAX),
+            },
+        })
     }
 
     /// The implementation a `len`-byte request runs on.
     #[inline]
     pub fn for_len(&self, len: usize) -> Implementation {
-        if len <= SMALL_MAX {
+        if len <= self.small_max {
             self.small
         } else {
             self.large
@@ -171,6 +231,7 @@ pub(crate) trait RunsOn {
 pub(crate) struct Split<I> {
     small: I,
     large: Option<Box<I>>,
+    small_max: usize,
 }
 
 impl<I: RunsOn> Split<I> {
@@ -179,6 +240,7 @@ impl<I: RunsOn> Split<I> {
         Split {
             small: imp,
             large: None,
+            small_max: SMALL_MAX,
         }
     }
 
@@ -199,7 +261,11 @@ impl<I: RunsOn> Split<I> {
         } else {
             Some(Box::new(make(choice.large)?))
         };
-        Ok(Split { small, large })
+        Ok(Split {
+            small,
+            large,
+            small_max: choice.small_max,
+        })
     }
 
     /// The implementation of small requests.
@@ -211,7 +277,7 @@ impl<I: RunsOn> Split<I> {
     #[inline]
     pub(crate) fn for_len(&self, len: usize) -> &I {
         match &self.large {
-            Some(large) if len > SMALL_MAX => large,
+            Some(large) if len > self.small_max => large,
             _ => &self.small,
         }
     }
@@ -221,20 +287,31 @@ impl<I: RunsOn> Split<I> {
         Choice {
             small: self.small.implementation(),
             large: self.for_len(usize::MAX).implementation(),
+            small_max: self.small_max,
         }
     }
 }
 
-/// What one candidate took per request at the two probe sizes (the least
+/// What one candidate took per request at each of [`PROBES`] (the least
 /// of several rounds).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Timing {
     /// The candidate.
     pub implementation: Implementation,
-    /// Per request at the mode's small probe ([`Mode::probes`]).
-    pub small: Duration,
-    /// Per request at its large probe.
-    pub large: Duration,
+    /// Per request at each of [`PROBES`], in order.
+    pub times: Vec<Duration>,
+}
+
+impl Timing {
+    /// Per request at the smallest probe.
+    pub fn small(&self) -> Duration {
+        self.times.first().copied().unwrap_or(Duration::MAX)
+    }
+
+    /// Per request at the largest probe.
+    pub fn large(&self) -> Duration {
+        self.times.last().copied().unwrap_or(Duration::MAX)
+    }
 }
 
 /// A mode's choice and the timings it was made from.
@@ -258,10 +335,7 @@ pub struct Measured {
 /// ones, for CRC-32C crc-fast (the fastest on the AVX-512 machine).
 pub const fn default_choice(mode: Mode) -> Choice {
     match mode {
-        Mode::Crc32 => Choice {
-            small: Implementation::Crc32Fast,
-            large: Implementation::CrcFast,
-        },
+        Mode::Crc32 => Choice::split(Implementation::Crc32Fast, Implementation::CrcFast),
         Mode::Crc32c => Choice::one(Implementation::CrcFast),
         #[cfg(feature = "aws-lc")]
         _ => Choice::one(Implementation::AwsLc),
@@ -274,59 +348,116 @@ pub const fn default_choice(mode: Mode) -> Choice {
 /// frequency change lands on all of them); the least round counts.
 const ROUNDS: usize = 7;
 
-/// Requests per round at the small and the large probe.
-const SMALL_PER_ROUND: usize = 64;
-const LARGE_PER_ROUND: usize = 8;
+/// Requests a round at a `len`-byte probe: 128 KiB of them, from 8 to 64
+/// requests.
+const fn per_round(len: usize) -> usize {
+    let n = (128 << 10) / if len == 0 { 1 } else { len };
+    if n < 8 {
+        8
+    } else if n > 64 {
+        64
+    } else {
+        n
+    }
+}
 
-/// Times every candidate of `mode` and chooses, per size class.
+/// Times every candidate of `mode` and chooses.
 pub fn measure(mode: Mode) -> Measured {
     measure_among(mode, mode.candidates())
 }
 
 /// Times `candidates` (those that run `mode`; the others are left out)
-/// and chooses among them, per size class.
+/// at every one of [`PROBES`] and chooses among them.
 pub fn measure_among(mode: Mode, candidates: &[Implementation]) -> Measured {
     let start = Instant::now();
     let mut runners: Vec<Runner> = candidates
         .iter()
         .filter_map(|&imp| Runner::new(mode, imp).ok())
         .collect();
-    let mut small = vec![Duration::MAX; runners.len()];
-    let mut large = vec![Duration::MAX; runners.len()];
-    let (small_len, large_len) = mode.probes();
-    let mut short = vec![0u8; small_len];
-    let mut long = vec![0u8; large_len];
+    let mut times = vec![[Duration::MAX; PROBES.len()]; runners.len()];
+    let mut buf = vec![0u8; PROBES[PROBES.len() - 1]];
     // One untimed round first: page faults, lazy CPU detection, caches.
     for r in &mut runners {
-        r.run(&mut short, 1);
-        r.run(&mut long, 1);
+        for len in PROBES {
+            r.run(&mut buf[..len], 1);
+        }
     }
     for _ in 0..ROUNDS {
-        for (i, r) in runners.iter_mut().enumerate() {
-            small[i] = small[i].min(r.run(&mut short, SMALL_PER_ROUND));
-            large[i] = large[i].min(r.run(&mut long, LARGE_PER_ROUND));
+        for (r, times) in runners.iter_mut().zip(&mut times) {
+            for (t, len) in times.iter_mut().zip(PROBES) {
+                *t = (*t).min(r.run(&mut buf[..len], per_round(len)));
+            }
         }
     }
     let timings: Vec<Timing> = runners
         .iter()
-        .zip(small.iter().zip(&large))
-        .map(|(r, (&s, &l))| Timing {
+        .zip(&times)
+        .map(|(r, times)| Timing {
             implementation: r.imp,
-            small: s,
-            large: l,
+            times: times.to_vec(),
         })
         .collect();
-    let default = default_choice(mode);
-    let choice = Choice {
-        small: pick(&timings, default.small, |t| t.small),
-        large: pick(&timings, default.large, |t| t.large),
-    };
     Measured {
         mode,
-        choice,
+        choice: choose(&timings, default_choice(mode)),
         timings,
         took: start.elapsed(),
     }
+}
+
+/// The choice `timings` make: the fastest at the smallest probe and the
+/// fastest at the largest (each kept at `default`'s unless it beats it by
+/// [`MARGIN`]), and, when those differ, the length where they cross.
+fn choose(timings: &[Timing], default: Choice) -> Choice {
+    let small = pick(timings, default.small, Timing::small);
+    let large = pick(timings, default.large, Timing::large);
+    let of = |imp| timings.iter().find(|t| t.implementation == imp);
+    let (Some(s), Some(l)) = (of(small), of(large)) else {
+        // (Only when nothing was measured: the default as it is.)
+        return Choice {
+            small,
+            large,
+            small_max: default.small_max,
+        };
+    };
+    if small == large {
+        return Choice::one(small);
+    }
+    match crossing(&s.times, &l.times) {
+        Some(small_max) => Choice {
+            small,
+            large,
+            small_max,
+        },
+        // `small` (the default, kept within the margin) is not faster at
+        // any probe: `large` runs everything.
+        None => Choice::one(large),
+    }
+}
+
+/// Where `small` stops being the faster: `None` if it is slower at the
+/// first probe; else the length, interpolated between the last probe where
+/// it is at least as fast and the next, where the two cross (or the last
+/// probe, if it is never slower).
+fn crossing(small: &[Duration], large: &[Duration]) -> Option<usize> {
+    // How much `small` saves a request at each probe (negative: it loses).
+    let gain = |i: usize| large[i].as_secs_f64() - small[i].as_secs_f64();
+    if gain(0) < 0.0 {
+        return None;
+    }
+    let last = PROBES.len() - 1;
+    let wins = (0..=last)
+        .take_while(|&i| gain(i) >= 0.0)
+        .last()
+        .unwrap_or(0);
+    if wins == last {
+        return Some(PROBES[last]);
+    }
+    let (a, b) = (PROBES[wins] as f64, PROBES[wins + 1] as f64);
+    let (ga, gb) = (gain(wins), gain(wins + 1));
+    // ga >= 0 > gb: the straight line between them crosses 0 in [a, b).
+    let at = a + (b - a) * ga / (ga - gb);
+    Some((at as usize).clamp(PROBES[wins], PROBES[wins + 1] - 1))
 }
 
 /// The fastest of `timings` by `time`, unless it beats `default` by less
@@ -348,15 +479,35 @@ fn pick(
 
 /// `mode`'s choice on this machine, measured the first time it is asked
 /// for in this process ([`measure`]) and the same afterwards.
+///
+/// After the first call this is one relaxed atomic load: a one-shot CRC of
+/// 16 bytes takes 6 ns on crc32fast, and the `OnceLock` path (a call and an
+/// acquire check) added 2–7 ns to it on AMD Zen 4.
+#[inline]
 pub fn measured(mode: Mode) -> Choice {
+    match Choice::decode(CHOSEN[mode as usize].load(Ordering::Relaxed)) {
+        Some(choice) => choice,
+        None => measured_cold(mode),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn measured_cold(mode: Mode) -> Choice {
     measured_full(mode).choice
 }
+
+/// Each mode's [`measured`] choice once made ([`Choice::encode`]; 0 before).
+static CHOSEN: [AtomicU64; Mode::ALL.len()] = [const { AtomicU64::new(0) }; Mode::ALL.len()];
 
 /// [`measured`] with its timings.
 pub fn measured_full(mode: Mode) -> &'static Measured {
     static MEASURED: [OnceLock<Measured>; Mode::ALL.len()] =
         [const { OnceLock::new() }; Mode::ALL.len()];
-    MEASURED[mode as usize].get_or_init(|| measure(mode))
+    let m = MEASURED[mode as usize].get_or_init(|| measure(mode));
+    // Every thread that gets here stores the same value.
+    CHOSEN[mode as usize].store(m.choice.encode(), Ordering::Relaxed);
+    m
 }
 
 /// A keyed candidate and the request it is timed on.
@@ -436,11 +587,22 @@ impl Runner {
 mod tests {
     use super::*;
 
+    /// A timing from `small_ns` at the first probe to `large_ns` at the
+    /// last, in a straight line between.
     fn t(imp: Implementation, small_ns: u64, large_ns: u64) -> Timing {
+        let (first, last) = (PROBES[0] as f64, PROBES[PROBES.len() - 1] as f64);
+        let times = PROBES
+            .iter()
+            .map(|&p| {
+                let f = (p as f64 - first) / (last - first);
+                Duration::from_nanos(
+                    (small_ns as f64 + (large_ns as f64 - small_ns as f64) * f) as u64,
+                )
+            })
+            .collect();
         Timing {
             implementation: imp,
-            small: Duration::from_nanos(small_ns),
-            large: Duration::from_nanos(large_ns),
+            times,
         }
     }
 
@@ -452,21 +614,79 @@ mod tests {
         for &other in Implementation::ALL.iter().filter(|&&i| i != d) {
             // 5% faster: within the margin, the default stays.
             let ts = [t(d, 100, 1000), t(other, 95, 950)];
-            assert_eq!(pick(&ts, d, |t| t.small), d);
-            assert_eq!(pick(&ts, d, |t| t.large), d);
+            assert_eq!(pick(&ts, d, Timing::small), d);
+            assert_eq!(pick(&ts, d, Timing::large), d);
             // 2x faster when small only: the classes part ways.
             let ts = [t(d, 100, 1000), t(other, 50, 990)];
-            assert_eq!(pick(&ts, d, |t| t.small), other);
-            assert_eq!(pick(&ts, d, |t| t.large), d);
+            assert_eq!(pick(&ts, d, Timing::small), other);
+            assert_eq!(pick(&ts, d, Timing::large), d);
             // The default not measured (it failed to key): the fastest.
-            assert_eq!(pick(&ts[1..], d, |t| t.large), other);
+            assert_eq!(pick(&ts[1..], d, Timing::large), other);
         }
-        assert_eq!(pick(&[], d, |t| t.small), d);
+        assert_eq!(pick(&[], d, Timing::small), d);
+        assert_eq!(Choice::decode(0), None);
+        for &a in Implementation::EVERY {
+            for &b in Implementation::EVERY {
+                for small_max in [0, 24, SMALL_MAX, 3000, usize::MAX] {
+                    let c = Choice {
+                        small: a,
+                        large: b,
+                        small_max,
+                    };
+                    let back = Choice::decode(c.encode()).unwrap();
+                    assert_eq!(back, c, "{c:?}");
+                }
+            }
+        }
         // A tie, even at zero (a clock too coarse to tell): the default.
         for &other in Implementation::ALL {
             let ts = [t(other, 0, 0), t(d, 0, 0)];
-            assert_eq!(pick(&ts, d, |t| t.small), d);
+            assert_eq!(pick(&ts, d, Timing::small), d);
         }
+    }
+
+    /// Two different choices at the two ends part at the length where
+    /// their lines cross; a default kept by the margin but slower
+    /// everywhere runs nothing; one never slower keeps the whole ladder.
+    #[test]
+    fn the_small_and_large_choices_part_where_they_cross() {
+        let (a, b) = (Implementation::RustCrypto, Implementation::CrcFast);
+        // a: 20 + 1.0 ns/B; b: 100 + 0.5 ns/B: equal at 160 bytes.
+        let line = |imp, fixed: f64, per_byte: f64| Timing {
+            implementation: imp,
+            times: PROBES
+                .iter()
+                .map(|&p| Duration::from_nanos((fixed + per_byte * p as f64) as u64))
+                .collect(),
+        };
+        let ts = [line(a, 20.0, 1.0), line(b, 100.0, 0.5)];
+        let c = choose(&ts, Choice::one(a));
+        assert_eq!((c.small, c.large), (a, b));
+        assert!((150..=170).contains(&c.small_max), "{c:?}");
+        assert_eq!(c.for_len(c.small_max), a);
+        assert_eq!(c.for_len(c.small_max + 1), b);
+        // The same, the other way round: no crossing from b's side.
+        assert_eq!(crossing(&ts[1].times, &ts[0].times), None);
+        // The default a, within the margin at the first probe but slower
+        // at every one: b everywhere.
+        let ts = [line(a, 105.0, 1.0), line(b, 100.0, 0.5)];
+        assert_eq!(choose(&ts, Choice::one(a)), Choice::one(b));
+        // Never slower: a up to the last probe.
+        let ts = [line(a, 10.0, 0.5), line(b, 100.0, 0.5)];
+        assert_eq!(crossing(&ts[0].times, &ts[1].times), Some(PROBES[5]));
+        // One implementation: one choice, whatever small_max says.
+        let ts = [line(a, 10.0, 0.5), line(b, 100.0, 1.0)];
+        assert_eq!(choose(&ts, Choice::one(b)), Choice::one(a));
+        assert_eq!(
+            Choice {
+                small_max: 7,
+                ..Choice::one(a)
+            },
+            Choice::one(a)
+        );
+        // Nothing measured: the default.
+        let d = Choice::split(a, b);
+        assert_eq!(choose(&[], d), d);
     }
 
     /// Every candidate is timed, the choice is one of them, and asking
@@ -478,12 +698,14 @@ mod tests {
             let imps: Vec<_> = m.timings.iter().map(|t| t.implementation).collect();
             assert_eq!(imps, mode.candidates(), "{mode:?}");
             for t in &m.timings {
-                assert!(t.small > Duration::ZERO && t.small < t.large, "{t:?}");
+                assert_eq!(t.times.len(), PROBES.len());
+                assert!(t.small() > Duration::ZERO && t.small() < t.large(), "{t:?}");
             }
             assert!(imps.contains(&m.choice.small) && imps.contains(&m.choice.large));
             let first = measured_full(mode);
             assert!(std::ptr::eq(first, measured_full(mode)));
             assert_eq!(measured(mode), first.choice);
+            assert_eq!(Choice::decode(first.choice.encode()), Some(first.choice));
             assert_eq!(Mode::from_name(mode.name()), Some(mode));
         }
     }

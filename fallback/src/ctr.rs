@@ -133,7 +133,7 @@ impl Ctr {
     }
 
     /// The implementation of small requests (at most
-    /// [`choice::SMALL_MAX`] bytes); [`Ctr::choice`] has both.
+    /// [`Choice::small_max`](choice::Choice::small_max) bytes); [`Ctr::choice`] has both.
     pub fn implementation(&self) -> Implementation {
         self.imp.small().implementation()
     }

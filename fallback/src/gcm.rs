@@ -247,7 +247,7 @@ impl Gcm {
     }
 
     /// The implementation of small requests (at most
-    /// [`choice::SMALL_MAX`] bytes); [`Gcm::choice`] has both.
+    /// [`Choice::small_max`](choice::Choice::small_max) bytes); [`Gcm::choice`] has both.
     pub fn implementation(&self) -> Implementation {
         self.imp.small().implementation()
     }

@@ -55,6 +55,19 @@ impl Implementation {
         Implementation::Crc32c,
     ];
 
+    /// Every implementation in this build, AES and CRC, in declaration
+    /// order: `EVERY[imp as usize] == imp` (a test holds it to that).
+    pub(crate) const EVERY: &'static [Implementation] = &[
+        Implementation::RustCrypto,
+        #[cfg(feature = "aws-lc")]
+        Implementation::AwsLc,
+        #[cfg(feature = "ring")]
+        Implementation::Ring,
+        Implementation::CrcFast,
+        Implementation::Crc32Fast,
+        Implementation::Crc32c,
+    ];
+
     /// A short name for reports and benchmarks.
     pub const fn name(self) -> &'static str {
         match self {
@@ -87,5 +100,20 @@ impl Implementation {
             .chain(Implementation::CRC)
             .copied()
             .find(|i| i.name() == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Implementation;
+
+    #[test]
+    fn every_is_indexed_by_discriminant() {
+        for (i, &imp) in Implementation::EVERY.iter().enumerate() {
+            assert_eq!(imp as usize, i, "{imp:?}");
+        }
+        for imp in Implementation::ALL.iter().chain(Implementation::CRC) {
+            assert!(Implementation::EVERY.contains(imp));
+        }
     }
 }

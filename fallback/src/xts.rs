@@ -129,6 +129,7 @@ impl Xts {
         let choice = Choice {
             small: runs(choice.small),
             large: runs(choice.large),
+            ..choice
         };
         Ok(Xts {
             data: Aes::new(k1, ALG)?,

@@ -25,7 +25,7 @@ fn splits(key: &[u8]) -> impl Iterator<Item = (Implementation, Implementation, G
     let all = Mode::Gcm.candidates();
     all.iter().flat_map(move |&small| {
         all.iter().map(move |&large| {
-            let gcm = Gcm::with_choice(key, Choice { small, large }).unwrap();
+            let gcm = Gcm::with_choice(key, Choice::split(small, large)).unwrap();
             (small, large, gcm)
         })
     })
@@ -97,11 +97,23 @@ proptest! {
     }
 }
 
-/// `key` on every (small, large) pair of `mode`'s candidates, made by `make`.
-fn pairs<K>(mode: Mode, key: &[u8], make: impl Fn(&[u8], Choice) -> K) -> Vec<(Choice, K)> {
+/// `key` on every (small, large) pair of `mode`'s candidates, parting at
+/// `small_max`, made by `make`.
+fn pairs<K>(
+    mode: Mode,
+    key: &[u8],
+    small_max: usize,
+    make: impl Fn(&[u8], Choice) -> K,
+) -> Vec<(Choice, K)> {
     let all = mode.candidates();
     all.iter()
-        .flat_map(|&small| all.iter().map(move |&large| Choice { small, large }))
+        .flat_map(|&small| {
+            all.iter().map(move |&large| Choice {
+                small,
+                large,
+                small_max,
+            })
+        })
         .map(|c| (c, make(key, c)))
         .collect()
 }
@@ -120,6 +132,7 @@ proptest! {
         key_len in prop_oneof![Just(16usize), Just(24), Just(32)],
         len in prop_oneof![0usize..2 * SMALL_MAX, SMALL_MAX - 32..SMALL_MAX + 32, 0usize..20_000],
         unit in prop_oneof![Just(0usize), Just(16), Just(512), 16usize..600],
+        small_max in prop_oneof![Just(SMALL_MAX), 0usize..20_000],
         seed: u64,
     ) {
         let key = bytes(key_len, seed ^ 5);
@@ -130,7 +143,7 @@ proptest! {
         let reference = Ctr::with_implementation(&key, Implementation::RustCrypto).unwrap();
         let mut want = pt.clone();
         reference.apply_keystream(&iv, &mut want).unwrap();
-        for (c, ctr) in pairs(Mode::Ctr, &key, |k, c| Ctr::with_choice(k, c).unwrap()) {
+        for (c, ctr) in pairs(Mode::Ctr, &key, small_max, |k, c| Ctr::with_choice(k, c).unwrap()) {
             prop_assert_eq!(ctr.implementation_for(len), meant(c, len));
             let mut got = pt.clone();
             ctr.apply_keystream(&iv, &mut got).unwrap();
@@ -141,7 +154,7 @@ proptest! {
         let reference = Cbc::with_implementation(&key, Implementation::RustCrypto).unwrap();
         let mut want = blocks.to_vec();
         reference.encrypt(&iv, &mut want).unwrap();
-        for (c, cbc) in pairs(Mode::Cbc, &key, |k, c| Cbc::with_choice(k, c).unwrap()) {
+        for (c, cbc) in pairs(Mode::Cbc, &key, small_max, |k, c| Cbc::with_choice(k, c).unwrap()) {
             prop_assert_eq!(cbc.implementation_for(blocks.len()), meant(c, blocks.len()));
             let mut got = blocks.to_vec();
             cbc.encrypt(&iv, &mut got).unwrap();
@@ -158,7 +171,7 @@ proptest! {
         let reference = Xts::with_implementation(&xts_key, Implementation::RustCrypto).unwrap();
         let mut want = data.to_vec();
         reference.encrypt_units(&iv, unit, &mut want).unwrap();
-        for (c, xts) in pairs(Mode::Xts, &xts_key, |k, c| Xts::with_choice(k, c).unwrap()) {
+        for (c, xts) in pairs(Mode::Xts, &xts_key, small_max, |k, c| Xts::with_choice(k, c).unwrap()) {
             let ran = xts.implementation_for(data.len());
             prop_assert!(
                 ran == meant(c, data.len()) || (key_len != 32 && ran == Implementation::RustCrypto),
@@ -184,6 +197,7 @@ proptest! {
     fn a_crc_split_across_implementations_is_one_crc(
         len in prop_oneof![0usize..3 * SMALL_MAX, 0usize..40_000],
         cuts in proptest::collection::vec(0usize..2 * SMALL_MAX + 64, 0..8),
+        small_max in prop_oneof![Just(SMALL_MAX), 0usize..2_000],
         seed: u64,
     ) {
         let data = bytes(len, seed);
@@ -193,7 +207,7 @@ proptest! {
         ] {
             let want = u64::from(reference.checksum(&data));
             let mode = Mode::of_crc(alg).unwrap();
-            let mut choices: Vec<Choice> = pairs(mode, &[], |_, c| c).into_iter().map(|(c, _)| c).collect();
+            let mut choices: Vec<Choice> = pairs(mode, &[], small_max, |_, c| c).into_iter().map(|(c, _)| c).collect();
             choices.extend(Implementation::CRC.iter().map(|&i| Choice::one(i)));
             for c in choices {
                 prop_assert_eq!(checksum_with(alg, c, &data), want, "{} {:?} one call", alg, c);
@@ -244,8 +258,8 @@ fn child_prints_the_measured_gcm_choice() {
                 format!(
                     "{}={}/{}",
                     t.implementation.name(),
-                    t.small.as_nanos(),
-                    t.large.as_nanos()
+                    t.small().as_nanos(),
+                    t.large().as_nanos()
                 )
             })
             .collect();
