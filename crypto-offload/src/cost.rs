@@ -560,7 +560,8 @@ impl CpuImplementation {
             mode: mode.name().to_owned(),
             small: choice.small.name().to_owned(),
             large: choice.large.name().to_owned(),
-            small_max: choice.small_max,
+            // (TOML integers are i64: no request is longer anyway.)
+            small_max: choice.small_max.min(i64::MAX as usize),
         }
     }
 

@@ -191,7 +191,7 @@ impl Offload {
     /// that choice came from: measured in this process, given (a loaded
     /// profile, [`OffloadBuilder::cpu_choice`]) or forced
     /// ([`OffloadBuilder::cpu_implementation`]). Asking measures the mode
-    /// if nothing has yet (~2 ms).
+    /// if nothing has yet (1–4 ms a mode).
     pub fn cpu_choice(
         &self,
         mode: crate::cpu_choice::Mode,

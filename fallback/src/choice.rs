@@ -23,7 +23,7 @@
 //! implementation.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::{Cbc, CrcAlg, Ctr, Error, Gcm, Implementation, Xts};
@@ -108,8 +108,10 @@ impl Mode {
     }
 }
 
-/// Requests of at most this many bytes run on [`Choice::small`] when the
-/// choice was not measured ([`Choice::one`], [`default_choice`]).
+/// The boundary between the small and the large implementation when it
+/// was not measured ([`Choice::split`], [`default_choice`], a profile
+/// without one), and the one a measurement keeps when the two candidates
+/// are within [`TOLERANCE`] of each other around it.
 pub const SMALL_MAX: usize = 512;
 
 /// The request lengths every mode is measured at: the smallest picks
@@ -126,21 +128,22 @@ pub const MARGIN: f64 = 1.10;
 /// The implementations of one mode: one for requests of at most
 /// [`small_max`](Choice::small_max) bytes, one for the rest.
 ///
-/// Two choices that run every length on the same implementation are equal
-/// whatever their `small_max`.
+/// Two choices with the same implementation for both are equal whatever
+/// their `small_max`.
 #[derive(Debug, Clone, Copy, Eq)]
 pub struct Choice {
     /// Requests of at most `small_max` bytes.
     pub small: Implementation,
     /// Longer requests.
     pub large: Implementation,
-    /// The longest request that runs on `small` (where the two measured
-    /// equal; [`SMALL_MAX`] unless measured).
+    /// The longest request that runs on `small`: measured, where the two
+    /// cross (at most the largest of [`PROBES`]); else [`SMALL_MAX`].
     pub small_max: usize,
 }
 
-/// The largest `small_max` [`Choice::encode`] keeps as it is.
-const MAX_CODED: u64 = (1 << 48) - 1;
+/// The `small_max` [`Choice::encode`] stores for that or longer (read back
+/// as `usize::MAX`). Measured choices part at most at the largest probe.
+const MAX_CODED: u32 = u16::MAX as u32;
 
 impl PartialEq for Choice {
     fn eq(&self, other: &Choice) -> bool {
@@ -180,22 +183,23 @@ impl Choice {
         }
     }
 
-    /// The choice as a non-zero `u64`: a byte an implementation (its index
-    /// in [`Implementation::EVERY`] plus one), then `small_max` (2^48 - 1
-    /// standing for that or more: no request is that long).
-    const fn encode(self) -> u64 {
-        let max = if self.small_max as u64 >= MAX_CODED {
+    /// The choice as a non-zero `u32` for the [`measured`] cache: a byte
+    /// an implementation (its index in [`Implementation::EVERY`] plus one),
+    /// then `small_max` in 16 bits (exact up to 65,534 bytes, past every
+    /// probe; longer reads back as `usize::MAX`).
+    const fn encode(self) -> u32 {
+        let max = if self.small_max >= MAX_CODED as usize {
             MAX_CODED
         } else {
-            self.small_max as u64
+            self.small_max as u32
         };
-        (self.small as u64 + 1) | ((self.large as u64 + 1) << 8) | (max << 16)
+        (self.small as u32 + 1) | ((self.large as u32 + 1) << 8) | (max << 16)
     }
 
     /// The choice [`Choice::encode`] made `code`, or `None` for 0.
     #[inline]
-    fn decode(code: u64) -> Option<Choice> {
-        let imp = |byte: u64| {
+    fn decode(code: u32) -> Option<Choice> {
+        let imp = |byte: u32| {
             let i = usize::try_from(byte & 0xff).ok()?.checked_sub(1)?;
             Implementation::EVERY.get(i).copied()
         };
@@ -204,7 +208,7 @@ impl Choice {
             large: imp(code >> 8)?,
             small_max: match code >> 16 {
                 MAX_CODED => usize::MAX,
-                max => usize::try_from(max).unwrap_or(usize::MAX),
+                max => max as usize,
             },
         })
     }
@@ -284,9 +288,10 @@ impl<I: RunsOn> Split<I> {
 
     /// What small and large requests run on.
     pub(crate) fn choice(&self) -> Choice {
+        let small = self.small.implementation();
         Choice {
-            small: self.small.implementation(),
-            large: self.for_len(usize::MAX).implementation(),
+            small,
+            large: self.large.as_ref().map_or(small, |l| l.implementation()),
             small_max: self.small_max,
         }
     }
@@ -407,7 +412,8 @@ pub fn measure_among(mode: Mode, candidates: &[Implementation]) -> Measured {
 
 /// The choice `timings` make: the fastest at the smallest probe and the
 /// fastest at the largest (each kept at `default`'s unless it beats it by
-/// [`MARGIN`]), and, when those differ, the length where they cross.
+/// [`MARGIN`]), and, when those differ, where one hands over to the other
+/// ([`boundary`]).
 fn choose(timings: &[Timing], default: Choice) -> Choice {
     let small = pick(timings, default.small, Timing::small);
     let large = pick(timings, default.large, Timing::large);
@@ -423,41 +429,78 @@ fn choose(timings: &[Timing], default: Choice) -> Choice {
     if small == large {
         return Choice::one(small);
     }
-    match crossing(&s.times, &l.times) {
+    match boundary(&s.times, &l.times, default.small_max) {
         Some(small_max) => Choice {
             small,
             large,
             small_max,
         },
-        // `small` (the default, kept within the margin) is not faster at
-        // any probe: `large` runs everything.
+        // `small` (kept by the margin at the first probe) loses wherever
+        // it matters: `large` runs everything.
         None => Choice::one(large),
     }
 }
 
-/// Where `small` stops being the faster: `None` if it is slower at the
-/// first probe; else the length, interpolated between the last probe where
-/// it is at least as fast and the next, where the two cross (or the last
-/// probe, if it is never slower).
-fn crossing(small: &[Duration], large: &[Duration]) -> Option<usize> {
-    // How much `small` saves a request at each probe (negative: it loses).
-    let gain = |i: usize| large[i].as_secs_f64() - small[i].as_secs_f64();
-    if gain(0) < 0.0 {
+/// How much slower than the other the implementation running a probe may
+/// be before [`boundary`] counts it as a loss: rounds on a shared machine
+/// differ by a few percent, and a cut moved by such noise would differ
+/// from one process to the next.
+const TOLERANCE: f64 = 1.05;
+
+/// The longest request `small` should run, from both implementations'
+/// times at each of [`PROBES`]: `None` if `large` should run everything.
+///
+/// Each cut between probes (`small` runs the probes below it, `large` the
+/// rest) loses, at each probe, by how much the one running it is slower
+/// than the other beyond [`TOLERANCE`]; the cut that loses least wins, so
+/// one noisy probe does not move it, and among equal cuts the one
+/// `default_max` falls in, kept exactly, so near-equal implementations
+/// leave the default boundary where it was. Any other cut is placed where
+/// the straight lines between the two probes either side cross (their
+/// geometric middle if noise has them not crossing there).
+fn boundary(small: &[Duration], large: &[Duration], default_max: usize) -> Option<usize> {
+    let n = PROBES.len().min(small.len()).min(large.len());
+    let slower = |a: Duration, b: Duration| {
+        let (a, b) = (a.as_secs_f64(), b.as_secs_f64());
+        if a <= b {
+            0.0
+        } else {
+            a / b.max(f64::MIN_POSITIVE)
+        }
+    };
+    let loss_small = |j: usize| (slower(small[j], large[j]) - TOLERANCE).max(0.0);
+    let loss_large = |j: usize| (slower(large[j], small[j]) - TOLERANCE).max(0.0);
+    let loss = |cut: usize| -> f64 {
+        (0..cut).map(loss_small).sum::<f64>() + (cut..n).map(loss_large).sum::<f64>()
+    };
+    let default_cut = PROBES[..n]
+        .iter()
+        .take_while(|&&p| p <= default_max)
+        .count();
+    let least = (0..=n).map(loss).fold(f64::INFINITY, f64::min);
+    let cut = (0..=n)
+        .filter(|&c| loss(c) <= least)
+        .min_by_key(|&c| c.abs_diff(default_cut))
+        .unwrap_or(default_cut);
+    if cut == default_cut {
+        return Some(default_max);
+    }
+    if cut == 0 {
         return None;
     }
-    let last = PROBES.len() - 1;
-    let wins = (0..=last)
-        .take_while(|&i| gain(i) >= 0.0)
-        .last()
-        .unwrap_or(0);
-    if wins == last {
-        return Some(PROBES[last]);
+    if cut == n {
+        return Some(PROBES[n - 1]);
     }
-    let (a, b) = (PROBES[wins] as f64, PROBES[wins + 1] as f64);
-    let (ga, gb) = (gain(wins), gain(wins + 1));
-    // ga >= 0 > gb: the straight line between them crosses 0 in [a, b).
-    let at = a + (b - a) * ga / (ga - gb);
-    Some((at as usize).clamp(PROBES[wins], PROBES[wins + 1] - 1))
+    // `small` runs probe cut - 1, `large` probe cut: between them.
+    let (a, b) = (PROBES[cut - 1], PROBES[cut]);
+    let gain = |j: usize| large[j].as_secs_f64() - small[j].as_secs_f64();
+    let (ga, gb) = (gain(cut - 1), gain(cut));
+    let at = if ga >= 0.0 && gb < 0.0 {
+        a as f64 + (b - a) as f64 * ga / (ga - gb)
+    } else {
+        (a as f64 * b as f64).sqrt()
+    };
+    Some((at as usize).clamp(a, b - 1))
 }
 
 /// The fastest of `timings` by `time`, unless it beats `default` by less
@@ -498,15 +541,19 @@ fn measured_cold(mode: Mode) -> Choice {
 }
 
 /// Each mode's [`measured`] choice once made ([`Choice::encode`]; 0 before).
-static CHOSEN: [AtomicU64; Mode::ALL.len()] = [const { AtomicU64::new(0) }; Mode::ALL.len()];
+static CHOSEN: [AtomicU32; Mode::ALL.len()] = [const { AtomicU32::new(0) }; Mode::ALL.len()];
 
 /// [`measured`] with its timings.
 pub fn measured_full(mode: Mode) -> &'static Measured {
     static MEASURED: [OnceLock<Measured>; Mode::ALL.len()] =
         [const { OnceLock::new() }; Mode::ALL.len()];
     let m = MEASURED[mode as usize].get_or_init(|| measure(mode));
-    // Every thread that gets here stores the same value.
-    CHOSEN[mode as usize].store(m.choice.encode(), Ordering::Relaxed);
+    // Every thread that gets here stores the same value; stored once, so
+    // that callers of this function do not keep the cache line moving.
+    let chosen = &CHOSEN[mode as usize];
+    if chosen.load(Ordering::Relaxed) == 0 {
+        chosen.store(m.choice.encode(), Ordering::Relaxed);
+    }
     m
 }
 
@@ -627,7 +674,7 @@ mod tests {
         assert_eq!(Choice::decode(0), None);
         for &a in Implementation::EVERY {
             for &b in Implementation::EVERY {
-                for small_max in [0, 24, SMALL_MAX, 3000, usize::MAX] {
+                for small_max in [0, 24, SMALL_MAX, 3000, 16384, 65534, usize::MAX] {
                     let c = Choice {
                         small: a,
                         large: b,
@@ -665,15 +712,21 @@ mod tests {
         assert!((150..=170).contains(&c.small_max), "{c:?}");
         assert_eq!(c.for_len(c.small_max), a);
         assert_eq!(c.for_len(c.small_max + 1), b);
-        // The same, the other way round: no crossing from b's side.
-        assert_eq!(crossing(&ts[1].times, &ts[0].times), None);
         // The default a, within the margin at the first probe but slower
         // at every one: b everywhere.
         let ts = [line(a, 105.0, 1.0), line(b, 100.0, 0.5)];
         assert_eq!(choose(&ts, Choice::one(a)), Choice::one(b));
-        // Never slower: a up to the last probe.
+        // Never slower, and clearly faster up to 1 KiB (within the
+        // tolerance from 4 KiB): a at least to 1 KiB, not past 4 KiB.
         let ts = [line(a, 10.0, 0.5), line(b, 100.0, 0.5)];
-        assert_eq!(crossing(&ts[0].times, &ts[1].times), Some(PROBES[5]));
+        let max = boundary(&ts[0].times, &ts[1].times, SMALL_MAX).unwrap();
+        assert!((1024..4096).contains(&max), "{max}");
+        // Clearly faster everywhere: a to the last probe.
+        let ts = [line(a, 10.0, 0.5), line(b, 100.0, 0.6)];
+        assert_eq!(
+            boundary(&ts[0].times, &ts[1].times, SMALL_MAX),
+            Some(PROBES[5])
+        );
         // One implementation: one choice, whatever small_max says.
         let ts = [line(a, 10.0, 0.5), line(b, 100.0, 1.0)];
         assert_eq!(choose(&ts, Choice::one(b)), Choice::one(a));
@@ -687,6 +740,64 @@ mod tests {
         // Nothing measured: the default.
         let d = Choice::split(a, b);
         assert_eq!(choose(&[], d), d);
+    }
+
+    fn at(imp: Implementation, ns: [u64; 6]) -> Timing {
+        Timing {
+            implementation: imp,
+            times: ns.iter().map(|&n| Duration::from_nanos(n)).collect(),
+        }
+    }
+
+    /// The default small implementation, kept by the margin at 16 B where
+    /// it is a little slower, still runs the sizes it wins (64 B–1 KiB):
+    /// whether it measured 5% slower or 5% faster at 16 B.
+    #[test]
+    fn a_default_a_little_slower_at_the_first_probe_keeps_what_it_wins() {
+        let default = default_choice(Mode::Crc32);
+        let (f, c) = (Implementation::Crc32Fast, Implementation::CrcFast);
+        for first in [105, 95] {
+            let ts = [
+                at(f, [first, 60, 80, 150, 500, 2000]),
+                at(c, [100, 90, 120, 200, 450, 1500]),
+            ];
+            let got = choose(&ts, default);
+            assert_eq!((got.small, got.large), (f, c), "{got:?}");
+            assert!((1024..4096).contains(&got.small_max), "{got:?}");
+        }
+    }
+
+    /// One probe where the small implementation loses does not cut it off
+    /// below the sizes it wins after.
+    #[test]
+    fn one_noisy_probe_does_not_move_the_boundary() {
+        let (a, b) = (Implementation::RustCrypto, Implementation::CrcFast);
+        let ts = [
+            at(a, [50, 100, 100, 200, 400, 1000]),
+            at(b, [100, 90, 150, 300, 300, 900]),
+        ];
+        let got = choose(&ts, Choice::one(b));
+        assert_eq!((got.small, got.large), (a, b), "{got:?}");
+        assert!((1024..4096).contains(&got.small_max), "{got:?}");
+    }
+
+    /// Candidates within the tolerance of each other everywhere (or a
+    /// clock too coarse to tell them apart) leave the default as it is,
+    /// boundary included.
+    #[test]
+    fn ties_keep_the_default_boundary() {
+        let default = default_choice(Mode::Crc32);
+        let (f, c) = (Implementation::Crc32Fast, Implementation::CrcFast);
+        for ts in [
+            [at(f, [0; 6]), at(c, [0; 6])],
+            [
+                at(f, [100, 102, 98, 100, 101, 100]),
+                at(c, [101, 100, 100, 99, 100, 103]),
+            ],
+        ] {
+            assert_eq!(choose(&ts, default), default);
+            assert_eq!(choose(&ts, default).small_max, SMALL_MAX);
+        }
     }
 
     /// Every candidate is timed, the choice is one of them, and asking

@@ -194,7 +194,7 @@ impl Gcm {
 
     /// Expands a 16-, 24- or 32-byte key on the implementations measured
     /// fastest on this machine, per size class ([`choice::measured`]: the
-    /// first key in a process measures them, ~2 ms).
+    /// first key in a process measures them, 1–4 ms).
     ///
     /// # Errors
     /// [`Error::KeyLength`] for any other length.

@@ -68,7 +68,7 @@ impl Xts {
     /// Expands a 32-, 48- or 64-byte key (Key1 ‖ Key2) for XTS-AES-128,
     /// -192 or -256, on the implementations measured fastest on this
     /// machine, per size class ([`choice::measured`]: the first key in a
-    /// process measures them, ~1 ms).
+    /// process measures them, 1–4 ms).
     ///
     /// # Errors
     /// [`Error::KeyLength`] for any other length; [`Error::XtsWeakKey`] when
