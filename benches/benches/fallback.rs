@@ -285,6 +285,20 @@ fn crc(c: &mut Criterion) {
                 black_box(&buf)
             )));
         }
+        if alg == CrcAlg::Crc64Xz {
+            each_size!(g, "crc64fast", &SIZES, |buf| {
+                let mut d = crc64fast::Digest::new();
+                d.write(black_box(&buf));
+                black_box(d.sum64())
+            });
+        }
+        if alg == CrcAlg::Crc64Nvme {
+            each_size!(g, "crc64fast-nvme", &SIZES, |buf| {
+                let mut d = crc64fast_nvme::Digest::new();
+                d.write(black_box(&buf));
+                black_box(d.sum64())
+            });
+        }
         if alg == CrcAlg::Crc32Iscsi {
             each_size!(g, "crc32c", &SIZES, |buf| black_box(crc32c::crc32c(
                 black_box(&buf)

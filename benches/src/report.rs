@@ -26,10 +26,15 @@ impl Row {
 }
 
 /// Loads every `<group>/<function>/<size>/new` estimate under `dir`
-/// (criterion's `target/criterion`).
-pub fn load(dir: &Path) -> std::io::Result<Vec<Row>> {
-    let mut rows = Vec::new();
-    for bench in walk(dir)? {
+/// (criterion's `target/criterion`); with `best_of_two`, also the run
+/// before (`base`), keeping the faster of the two for each benchmark.
+///
+/// Best of two runs is for shared machines, where a neighbour slows one
+/// benchmark of a sequential run by 10–30% and not the next: interference
+/// only ever slows, so the faster run is the closer to the code's speed.
+pub fn load(dir: &Path, best_of_two: bool) -> std::io::Result<Vec<Row>> {
+    let mut rows: Vec<Row> = Vec::new();
+    for bench in walk(dir, best_of_two)? {
         let Ok(meta) = fs::read_to_string(bench.join("benchmark.json")) else {
             continue;
         };
@@ -50,24 +55,32 @@ pub fn load(dir: &Path) -> std::io::Result<Vec<Row>> {
         ) else {
             continue;
         };
-        rows.push(Row {
-            group: group.to_owned(),
-            function: function.to_owned(),
-            size,
-            ns,
-        });
+        match rows
+            .iter_mut()
+            .find(|r| r.group == group && r.function == function && r.size == size)
+        {
+            Some(r) => r.ns = r.ns.min(ns),
+            None => rows.push(Row {
+                group: group.to_owned(),
+                function: function.to_owned(),
+                size,
+                ns,
+            }),
+        }
     }
     Ok(rows)
 }
 
-fn walk(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+fn walk(dir: &Path, base_too: bool) -> std::io::Result<Vec<std::path::PathBuf>> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in fs::read_dir(&d)? {
             let p = entry?.path();
             if p.is_dir() {
-                if p.file_name().is_some_and(|n| n == "new") {
+                if p.file_name()
+                    .is_some_and(|n| n == "new" || (base_too && n == "base"))
+                {
                     out.push(p);
                 } else {
                     stack.push(p);
