@@ -111,7 +111,7 @@ impl Mode {
 /// The boundary between the small and the large implementation when it
 /// was not measured ([`Choice::split`], [`default_choice`], a profile
 /// without one), and the one a measurement keeps when the two candidates
-/// are within [`TOLERANCE`] of each other around it.
+/// are within 5% of each other around it.
 pub const SMALL_MAX: usize = 512;
 
 /// The request lengths every mode is measured at: the smallest picks
