@@ -1,10 +1,9 @@
 //! The independent references: RustCrypto's `ctr`, `cbc`, `xts-mode`,
 //! `aes-gcm` and the `crc` crate, called directly, never through
 //! crypto-offload or its fallback crate. (The fallback itself uses `aes` and
-//! `aes-gcm` inside some of its modes and the `crc` crate's tables for short
-//! CRC-64s; the modes here are RustCrypto's own mode crates, and the CRCs the
-//! `crc` crate's plain bytewise table, not the fallback's `Table<16>` or
-//! crc-fast's folding.)
+//! `aes-gcm` inside some of its modes; the modes here are RustCrypto's own
+//! mode crates, and the CRCs the `crc` crate's plain bytewise table, not the
+//! fallback's slicing-by-16 tables or crc-fast's folding.)
 
 use aes::{Aes128, Aes192, Aes256};
 use cipher::{BlockModeDecrypt, BlockModeEncrypt, KeyInit, KeyIvInit, StreamCipher};
