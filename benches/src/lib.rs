@@ -1,12 +1,14 @@
 //! Peers for the benchmarks: the fastest CPU implementations available to
 //! Rust, and the RustCrypto reference crates, behind one small interface so
-//! the benches and the agreement test use exactly the same calls.
+//! the benches and the agreement test use exactly the same calls
+//! ([`contenders`]).
 //!
 //! aws-lc-rs has no safe XTS API, so [`AwsLcXts`] calls AWS-LC's EVP interface
 //! through aws-lc-sys: the only `unsafe` outside the driver crates, and only
 //! in this unpublished bench crate.
 
 pub mod aws_lc_xts;
+pub mod contenders;
 pub mod report;
 
 pub use aws_lc_xts::AwsLcXts;
@@ -32,4 +34,20 @@ pub fn group<'a>(
         .measurement_time(measure)
         .sample_size(samples);
     g
+}
+
+/// A size argument: bytes, or with a `k` or `m` suffix (KiB, MiB).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mul) = match t.strip_suffix('k') {
+        Some(n) => (n, 1 << 10),
+        None => match t.strip_suffix('m') {
+            Some(n) => (n, 1 << 20),
+            None => (t.as_str(), 1),
+        },
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| format!("{s:?} is not a size (bytes, or with a k or m suffix)"))
 }

@@ -93,8 +93,8 @@ fn walk(dir: &Path, base_too: bool) -> std::io::Result<Vec<std::path::PathBuf>> 
 
 fn human(size: u64) -> String {
     match size {
-        s if s >= 1 << 20 => format!("{} MiB", s >> 20),
-        s if s >= 1 << 10 => format!("{} KiB", s >> 10),
+        s if s >= 1 << 20 && s.is_multiple_of(1 << 20) => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s.is_multiple_of(1 << 10) => format!("{} KiB", s >> 10),
         s => format!("{s} B"),
     }
 }

@@ -652,6 +652,65 @@ impl Runner {
     }
 }
 
+/// The CPU, and the features the implementations choose by, for reports
+/// (`offload probe`, the benches): `CPU: <model> (family F model M); aes
+/// pclmulqdq …; without avx512f …` (the model from `/proc/cpuinfo`, else
+/// the architecture).
+pub fn cpu_line() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |k: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|n| n.trim() == k))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let model = field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_owned());
+    let family = match (field("cpu family"), field("model")) {
+        (Some(f), Some(m)) => format!(" (family {f} model {m})"),
+        _ => String::new(),
+    };
+    let (has, lacks) = cpu_features();
+    let lacks = if lacks.is_empty() {
+        String::new()
+    } else {
+        format!("; without {}", lacks.join(" "))
+    };
+    format!("CPU: {model}{family}; {}{lacks}", has.join(" "))
+}
+
+/// The CPU features the AES and CRC code paths choose by: (present, absent).
+fn cpu_features() -> (Vec<&'static str>, Vec<&'static str>) {
+    let mut has = Vec::new();
+    let mut lacks = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! check {
+            ($($f:tt),*) => {$(
+                if std::arch::is_x86_feature_detected!($f) { has.push($f) } else { lacks.push($f) }
+            )*};
+        }
+        check!(
+            "aes",
+            "pclmulqdq",
+            "sse4.2",
+            "avx2",
+            "vaes",
+            "vpclmulqdq",
+            "avx512f"
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        macro_rules! check {
+            ($($f:tt),*) => {$(
+                if std::arch::is_aarch64_feature_detected!($f) { has.push($f) } else { lacks.push($f) }
+            )*};
+        }
+        check!("aes", "pmull", "crc", "sha3");
+    }
+    (has, lacks)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,115 @@
+//! The fallback against its peers in interleaved rounds: the ratio table
+//! for shared machines.
+//!
+//! ```text
+//! cargo run -p crypto-offload-benches --release --bin paired -- [--group gcm,crc-32] [--sizes 16,64,4k] [--ms 300]
+//! ```
+//!
+//! Criterion times one benchmark after another; on a VM whose neighbours
+//! come and go, two benchmarks a minute apart can differ by 10–30% with no
+//! change in the code, and the ratio table inherits that. Here every
+//! contender of a (group, size) runs a short slice (~20 µs) in turn, round
+//! after round, for `--ms` milliseconds; each keeps its fastest slice.
+//! Interference only ever slows a slice, and it hits every contender
+//! alike, so the fastest slices are the code's own speeds, side by side.
+//! The contenders are the criterion bench's ([`contenders`]).
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use crypto_offload_benches::contenders::{self, Contender};
+use crypto_offload_benches::report::{self, Row};
+use crypto_offload_benches::{data, parse_size};
+
+#[derive(Parser)]
+#[command(about = "The fallback against its peers in interleaved rounds")]
+struct Args {
+    /// Groups whose name contains one of these (comma-separated), e.g.
+    /// `gcm,crc-32`; all when absent.
+    #[arg(long, value_delimiter = ',')]
+    group: Vec<String>,
+    /// Request sizes (e.g. `16,64,4k,1m`); each group's own when absent.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Vec<usize>,
+    /// Milliseconds of rounds per group and size.
+    #[arg(long, default_value_t = 300)]
+    ms: u64,
+}
+
+/// Nanoseconds a slice of each contender aims at: long against the clock's
+/// ~20 ns cost, short against a neighbour's burst.
+const SLICE_NS: f64 = 20_000.0;
+
+/// The fastest ns per call of each contender over interleaved rounds.
+fn race(contenders: &mut [Contender], size: usize, budget: Duration) -> Vec<f64> {
+    // One buffer for all: each contender finds it as warm as the last
+    // one left it (with a buffer each, a contender's data is as cold as
+    // the contenders between its turns make it, which depends on order).
+    let mut buf = data(size);
+    // Iterations per slice, timed after a warm-up (a first call may
+    // measure the CPU's implementations: milliseconds).
+    let iters: Vec<u64> = contenders
+        .iter_mut()
+        .map(|c| {
+            c.run(&mut buf, 2);
+            let mut n = 1u64;
+            loop {
+                let start = Instant::now();
+                c.run(&mut buf, n);
+                let ns = start.elapsed().as_nanos() as f64;
+                if ns >= SLICE_NS / 4.0 || n >= 1 << 20 {
+                    break ((SLICE_NS / (ns / n as f64)) as u64).max(1);
+                }
+                n *= 4;
+            }
+        })
+        .collect();
+    let mut best = vec![f64::INFINITY; contenders.len()];
+    let start = Instant::now();
+    let mut round = 0usize;
+    while round < 30 || (start.elapsed() < budget && round < 100_000) {
+        // A different contender goes first each round.
+        for k in 0..contenders.len() {
+            let i = (k + round) % contenders.len();
+            let t = Instant::now();
+            contenders[i].run(&mut buf, iters[i]);
+            let ns = t.elapsed().as_nanos() as f64 / iters[i] as f64;
+            best[i] = best[i].min(ns);
+        }
+        round += 1;
+    }
+    best
+}
+
+fn main() {
+    let args = Args::parse();
+    let budget = Duration::from_millis(args.ms);
+    let mut rows = Vec::new();
+    for mut g in contenders::groups() {
+        if !args.group.is_empty() && !args.group.iter().any(|s| g.name.contains(s.as_str())) {
+            continue;
+        }
+        let sizes = if args.sizes.is_empty() {
+            g.sizes.clone()
+        } else {
+            args.sizes.clone()
+        };
+        for size in sizes {
+            eprint!("\r{} {size} B          ", g.name);
+            let best = race(&mut g.contenders, size, budget);
+            rows.extend(g.contenders.iter().zip(best).map(|(c, ns)| Row {
+                group: g.name.clone(),
+                function: c.name.clone(),
+                size: size as u64,
+                ns,
+            }));
+        }
+    }
+    eprintln!();
+    println!("{}\n", crypto_offload_fallback::choice::cpu_line());
+    println!(
+        "Fallback against the fastest CPU peer (fastest ~20 µs slice of each, in interleaved rounds, {} ms per size):\n",
+        args.ms
+    );
+    print!("{}", report::table(&rows, "fallback"));
+}
