@@ -56,7 +56,8 @@ impl Implementation {
     ];
 
     /// Every implementation in this build, AES and CRC, in declaration
-    /// order: `EVERY[imp as usize] == imp` (a test holds it to that).
+    /// order: `EVERY[imp as usize] == imp`, and so `from_index`.
+    #[cfg(test)]
     pub(crate) const EVERY: &'static [Implementation] = &[
         Implementation::RustCrypto,
         #[cfg(feature = "aws-lc")]
@@ -67,6 +68,32 @@ impl Implementation {
         Implementation::Crc32Fast,
         Implementation::Crc32c,
     ];
+
+    /// The implementation whose discriminant is `i` (`EVERY[i]`), by a
+    /// match the compiler reduces to a range check (a table look-up was a
+    /// dependent load on every one-shot CRC).
+    #[inline]
+    pub(crate) const fn from_index(i: usize) -> Option<Implementation> {
+        const RUST_CRYPTO: usize = Implementation::RustCrypto as usize;
+        #[cfg(feature = "aws-lc")]
+        const AWS_LC: usize = Implementation::AwsLc as usize;
+        #[cfg(feature = "ring")]
+        const RING: usize = Implementation::Ring as usize;
+        const CRC_FAST: usize = Implementation::CrcFast as usize;
+        const CRC32_FAST: usize = Implementation::Crc32Fast as usize;
+        const CRC32C: usize = Implementation::Crc32c as usize;
+        Some(match i {
+            RUST_CRYPTO => Implementation::RustCrypto,
+            #[cfg(feature = "aws-lc")]
+            AWS_LC => Implementation::AwsLc,
+            #[cfg(feature = "ring")]
+            RING => Implementation::Ring,
+            CRC_FAST => Implementation::CrcFast,
+            CRC32_FAST => Implementation::Crc32Fast,
+            CRC32C => Implementation::Crc32c,
+            _ => return None,
+        })
+    }
 
     /// A short name for reports and benchmarks.
     pub const fn name(self) -> &'static str {
@@ -112,6 +139,14 @@ mod tests {
         for (i, &imp) in Implementation::EVERY.iter().enumerate() {
             assert_eq!(imp as usize, i, "{imp:?}");
         }
+        for (i, &imp) in Implementation::EVERY.iter().enumerate() {
+            assert_eq!(Implementation::from_index(i), Some(imp));
+        }
+        assert_eq!(
+            Implementation::from_index(Implementation::EVERY.len()),
+            None
+        );
+        assert_eq!(Implementation::from_index(usize::MAX), None);
         for imp in Implementation::ALL.iter().chain(Implementation::CRC) {
             assert!(Implementation::EVERY.contains(imp));
         }
