@@ -1,15 +1,16 @@
 //! Short CRC-64 inputs: slicing-by-16 tables built at compile time.
 //!
 //! Under 128 bytes crc-fast does not fold, and its CRC-64 kernels take
-//! 20 ns at 16 bytes and 29 at 64 on AMD Zen 4 (the `fallback` bench,
-//! `crc-64-*` groups). A table walk is the fastest there, but not the
-//! `crc` crate's `Table<16>` (12.5–13 ns at 16 bytes: it reads the
-//! algorithm through a pointer, reflects `init` at run time and checks
-//! every index) nor crc64fast's (10.9 ns; its NVMe fork cannot be a
-//! dependency anyway: it exports unprefixed C symbols into every link).
-//! These tables take the polynomial as a constant, fold 16 bytes, then 8,
-//! then single bytes, and index only by masked bytes: 8.9 ns at 16 bytes,
-//! 27 at 64, 45 at 112, interleaved against the others in one process.
+//! 18–19 ns at 16 bytes and 24 at 64 on AMD Zen 4. A table walk is the
+//! fastest there, but not the `crc` crate's `Table<16>` (9.2 ns at 16
+//! bytes: it reads the algorithm through a pointer, reflects `init` at run
+//! time and checks every index) nor crc64fast's (9.5 ns; its NVMe fork
+//! cannot be a dependency anyway: it exports unprefixed C symbols into
+//! every link). These tables take the polynomial as a constant, fold 16
+//! bytes, then 8, then single bytes, and index only by masked bytes: 5.1
+//! ns at 16 bytes, 21 at 64 (the `paired` bench tool, `crc-64` groups).
+//! At 128 bytes crc-fast folds and takes over (20 ns, where the tables
+//! take more than twice that).
 //!
 //! Every CRC-64 here is reflected with `init` and `xorout` all ones; a test
 //! holds each table to the `crc` crate's catalogue entry at every length.
