@@ -21,12 +21,24 @@
 //! CRC) split across two updates; invalid AEAD vectors must fail with
 //! [`Error::Authentication`] and hand back a zeroed buffer; XTS keys with
 //! equal halves must be refused with [`Error::WeakKey`].
+//!
+//! An `Offload` completes on the CPU whatever an engine fails, so right
+//! answers alone do not show that the pinned backend gave them. The
+//! [`Report`] also counts, from the `Offload`'s own counters, what the
+//! pinned backend served, failed and had replayed, per algorithm it claims;
+//! [`Report::assert_ok`] fails a backend that failed any request, had any
+//! replayed on the CPU, refused a session for an algorithm it claims, or
+//! served none of the vectors of an algorithm it claims (requests of a
+//! shape outside its [`Limits`](crate::backend::Limits) go to the CPU and
+//! are counted, not failed). The counts are the `Offload`'s: run the
+//! vectors on an `Offload` nothing else uses meanwhile.
 
 use core::fmt;
 
 use bytes::BytesMut;
 
-use crate::alg::{AeadAlg, CipherAlg, CipherMode, CrcAlg};
+use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
+use crate::backend::BackendKind;
 use crate::buffer::Buffer;
 use crate::error::Error;
 use crate::offload::Offload;
@@ -131,21 +143,99 @@ pub struct Report {
     /// Vectors skipped because this crate does not take their shape
     /// (Wycheproof GCM with non-96-bit nonces or short tags).
     pub skipped: usize,
-    /// One line per failure.
+    /// One line per failure (a wrong answer, or a claim the pinned
+    /// backend did not keep).
     pub failures: Vec<String>,
+    /// The backend the `Offload` is pinned to, and what it did during the
+    /// run; `None` when it is not pinned.
+    pub pinned: Option<PinnedReport>,
+}
+
+/// What the pinned backend did during [`run_vectors`].
+#[derive(Debug, Default, Clone)]
+#[non_exhaustive]
+pub struct PinnedReport {
+    /// Its name.
+    pub name: String,
+    /// Requests it completed.
+    pub requests: u64,
+    /// Requests it failed (each completed on the CPU, or lost).
+    pub failures: u64,
+    /// Requests the CPU completed after a backend failed them.
+    pub replayed: u64,
+    /// Per algorithm it claims that had vectors: (algorithm, vectors run,
+    /// vectors with at least one request on it).
+    pub served: Vec<(Algorithm, usize, usize)>,
 }
 
 impl Report {
-    /// Panics with every failure listed if there is any, or if nothing ran.
+    /// Every reason the run does not pass: failures, nothing run, and —
+    /// when the `Offload` is pinned to an engine — requests it failed or
+    /// had replayed, and algorithms it claims but served no vector of.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = self.failures.clone();
+        if self.passed == 0 {
+            out.push("no vector ran".to_owned());
+        }
+        if let Some(p) = &self.pinned {
+            if p.failures > 0 {
+                out.push(format!("{} failed {} requests", p.name, p.failures));
+            }
+            if p.replayed > 0 {
+                out.push(format!(
+                    "{} requests were completed on the CPU after a backend failed them",
+                    p.replayed
+                ));
+            }
+            for &(alg, ran, on_it) in &p.served {
+                if ran > 0 && on_it == 0 {
+                    out.push(format!(
+                        "{} claims {alg} but served none of its {ran} vectors",
+                        p.name
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// Panics with every problem listed ([`problems`](Self::problems)):
+    /// a wrong answer, nothing run, or a pinned backend that failed
+    /// requests, had them replayed, or did not serve what it claims.
     #[track_caller]
     pub fn assert_ok(&self) {
+        let problems = self.problems();
         assert!(
-            self.failures.is_empty(),
-            "{} known-answer failures:\n{}",
-            self.failures.len(),
-            self.failures.join("\n")
+            problems.is_empty(),
+            "{} known-answer problems:\n{}",
+            problems.len(),
+            problems.join("\n")
         );
-        assert!(self.passed > 0, "no vector ran");
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} passed, {} unsupported, {} skipped, {} failed",
+            self.passed,
+            self.unsupported,
+            self.skipped,
+            self.failures.len()
+        )?;
+        if let Some(p) = &self.pinned {
+            write!(
+                f,
+                "; {}: {} requests, {} failed, {} replayed on the CPU",
+                p.name, p.requests, p.failures, p.replayed
+            )?;
+            let around: usize = p.served.iter().map(|&(_, ran, on)| ran - on).sum();
+            if around > 0 {
+                write!(f, ", {around} vectors ran elsewhere (outside its limits)")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -364,30 +454,112 @@ enum Outcome {
     Fail(String),
 }
 
-/// Runs every vector through `offload`'s sessions.
+/// Runs every vector through `offload`'s sessions, and counts what the
+/// backend it is pinned to (if any) did ([`Report::pinned`]).
 ///
 /// # Cancel safety
 /// Dropping the future only stops the run.
 pub async fn run_vectors(offload: &Offload) -> Report {
     let (vectors, skipped) = vectors();
+    let pinned = offload.backends().into_iter().find(|b| b.pinned);
+    let claims = pinned.as_ref().map_or(Vec::new(), |b| b.algorithms.clone());
+    let counts = || pinned.as_ref().map(|b| Counts::of(offload, &b.name));
+    let start = counts();
+    let mut served: Vec<(Algorithm, usize, usize)> = Vec::new();
     let mut report = Report {
         skipped,
         ..Report::default()
     };
     for (i, v) in vectors.iter().enumerate() {
+        let before = counts();
         // Alternate the buffer type so both go through every backend.
         let outcome = if i % 2 == 0 {
             run_one::<Vec<u8>>(offload, &v.case).await
         } else {
             run_one::<BytesMut>(offload, &v.case).await
         };
+        let alg = v.case.algorithm();
+        let claimed = claims.contains(&alg);
+        let outcome = match outcome {
+            Outcome::Unsupported if claimed => Outcome::Fail(format!(
+                "the pinned backend claims {alg} but refused its session"
+            )),
+            other => other,
+        };
+        if let (Outcome::Pass, true, Some(before), Some(after)) = (
+            &outcome,
+            claimed && !v.case.refused_before_any_request(),
+            before,
+            counts(),
+        ) {
+            let on_it = after.requests > before.requests;
+            match served.iter_mut().find(|(a, ..)| *a == alg) {
+                Some(e) => {
+                    e.1 += 1;
+                    e.2 += usize::from(on_it);
+                }
+                None => served.push((alg, 1, usize::from(on_it))),
+            }
+        }
         match outcome {
             Outcome::Pass => report.passed += 1,
             Outcome::Unsupported => report.unsupported += 1,
             Outcome::Fail(why) => report.failures.push(format!("{}: {why}", v.source)),
         }
     }
+    let end = counts();
+    if let (Some(b), Some(start), Some(end)) = (pinned, start, end) {
+        report.pinned = Some(PinnedReport {
+            name: b.name,
+            requests: end.requests - start.requests,
+            failures: end.failures - start.failures,
+            replayed: end.replayed - start.replayed,
+            served,
+        });
+    }
     report
+}
+
+/// The pinned backend's counters and the CPU's replays.
+#[derive(Clone, Copy)]
+struct Counts {
+    requests: u64,
+    failures: u64,
+    replayed: u64,
+}
+
+impl Counts {
+    fn of(offload: &Offload, name: &str) -> Counts {
+        let backends = offload.backends();
+        let stats = |f: &dyn Fn(&crate::offload::BackendInfo) -> bool| {
+            backends.iter().find(|b| f(b)).map(|b| b.stats)
+        };
+        let pinned = stats(&|b| b.name == name).unwrap_or_default();
+        let cpu = stats(&|b| b.kind == BackendKind::Cpu).unwrap_or_default();
+        Counts {
+            requests: pinned.requests,
+            failures: pinned.failures,
+            replayed: cpu.replayed,
+        }
+    }
+}
+
+impl Case {
+    /// The algorithm the case runs.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Case::Cipher { alg, .. } | Case::CbcBadPadding { alg, .. } => Algorithm::Cipher(*alg),
+            Case::Aead { alg, .. } => Algorithm::Aead(*alg),
+            Case::Crc { alg, .. } => Algorithm::Crc(*alg),
+        }
+    }
+
+    /// An XTS key with equal halves: the session refuses it before any
+    /// backend sees a request.
+    fn refused_before_any_request(&self) -> bool {
+        matches!(self, Case::Cipher { alg, key, .. }
+            if alg.mode() == CipherMode::Xts && key[..key.len() / 2] == key[key.len() / 2..])
+    }
 }
 
 trait TestBuf: Buffer + Sized {

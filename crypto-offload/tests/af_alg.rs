@@ -115,20 +115,10 @@ async fn passes_the_known_answers(backend: AfAlgBackend, what: &str) {
         .build()
         .unwrap();
     let report = testing::run_vectors(&offload).await;
+    eprintln!("{what}: {report}");
+    // Also fails on any request AF_ALG failed (replays on the CPU would hide
+    // a wrong driver) and on a claimed algorithm it served no vector of.
     report.assert_ok();
-    let stats = offload
-        .backends()
-        .into_iter()
-        .find(|b| b.name == "af-alg:under-test")
-        .unwrap()
-        .stats;
-    eprintln!(
-        "{what}: {} vectors passed, {} requests on AF_ALG",
-        report.passed, stats.requests
-    );
-    assert!(stats.requests > 0, "{what}: nothing ran on AF_ALG");
-    // Replays on the CPU would hide a wrong driver: there must be none.
-    assert_eq!(stats.failures, 0, "{what}: requests failed over to the CPU");
 }
 
 /// The guest's engine (or, with none — the plain guest — the kernel's best

@@ -56,7 +56,7 @@ async fn cpu_backend_passes_every_vector() {
     let report = testing::run_vectors(&offload).await;
     report.assert_ok();
     assert_eq!(report.unsupported, 0);
-    println!("{report:?}");
+    println!("{report}");
 }
 
 #[tokio::test]
@@ -128,4 +128,103 @@ async fn the_harness_catches_a_backend_that_returns_wrong_bytes() {
         .count();
     assert_eq!(report.failures.len(), touched, "{:#?}", report.failures);
     assert!(std::panic::catch_unwind(|| report.assert_ok()).is_err());
+}
+
+/// The harness on an `Offload` pinned to `engine`.
+async fn run_pinned(engine: common::Engine) -> testing::Report {
+    let name = engine.name;
+    let offload = Offload::builder()
+        .backend(engine.shared())
+        .pin(name)
+        .build()
+        .unwrap();
+    testing::run_vectors(&offload).await
+}
+
+#[tokio::test]
+async fn a_pinned_engine_reports_what_it_served() {
+    let report = run_pinned(common::Engine::new("engine")).await;
+    report.assert_ok();
+    let p = report.pinned.as_ref().expect("pinned");
+    assert_eq!(p.name, "engine");
+    assert!(p.requests > 1000, "{report}");
+    assert_eq!((p.failures, p.replayed), (0, 0), "{report}");
+    // Every algorithm has vectors, and every vector ran on the engine.
+    assert_eq!(p.served.len(), crypto_offload::Algorithm::all().count());
+    assert!(
+        p.served.iter().all(|&(_, ran, on)| ran > 0 && on == ran),
+        "{p:?}"
+    );
+    assert!(report.to_string().contains("engine: "), "{report}");
+}
+
+#[tokio::test]
+async fn the_harness_catches_an_engine_that_fails_every_request() {
+    // Every request fails and is completed on the CPU: every answer is
+    // right, and the run must still fail.
+    let report = run_pinned(common::Engine::new("failing").failing_every(1)).await;
+    assert!(report.failures.is_empty(), "{:#?}", report.failures);
+    let p = report.pinned.as_ref().unwrap();
+    assert_eq!(p.requests, 0, "{report}");
+    assert!(p.failures > 1000 && p.replayed == p.failures, "{report}");
+    let problems = report.problems().join("\n");
+    assert!(problems.contains("failing failed"), "{problems}");
+    assert!(problems.contains("served none"), "{problems}");
+    assert!(std::panic::catch_unwind(|| report.assert_ok()).is_err());
+}
+
+#[tokio::test]
+async fn the_harness_catches_an_engine_that_fails_some_requests() {
+    let report = run_pinned(common::Engine::new("flaky").failing_every(97)).await;
+    assert!(report.failures.is_empty(), "{:#?}", report.failures);
+    let p = report.pinned.as_ref().unwrap();
+    assert!(p.failures > 0 && p.replayed == p.failures, "{report}");
+    assert!(std::panic::catch_unwind(|| report.assert_ok()).is_err());
+}
+
+#[tokio::test]
+async fn the_harness_catches_an_engine_that_claims_what_it_refuses() {
+    // It lists every algorithm but opens no session: every vector fails
+    // (none counts as merely "unsupported"), and it served nothing.
+    let report = run_pinned(common::Engine::new("liar").refusing_sessions()).await;
+    assert_eq!(report.unsupported, 0);
+    assert!(report.failures.len() > 600, "{}", report.failures.len());
+    assert!(
+        report.failures[0].contains("open: "),
+        "{}",
+        report.failures[0]
+    );
+    assert_eq!(report.pinned.as_ref().unwrap().requests, 0);
+    assert!(std::panic::catch_unwind(|| report.assert_ok()).is_err());
+}
+
+#[tokio::test]
+async fn the_harness_catches_an_engine_whose_limits_send_everything_elsewhere() {
+    // Claims every algorithm with limits no vector fits (lengths that are
+    // multiples of 2^20 bytes): only empty inputs reach it, and the
+    // algorithms with no empty vector are served by the CPU alone.
+    let report = run_pinned(common::Engine::new("elsewhere").multiple_of(1 << 20)).await;
+    assert!(report.failures.is_empty(), "{:#?}", report.failures);
+    let p = report.pinned.as_ref().unwrap();
+    assert_eq!((p.failures, p.replayed), (0, 0));
+    let problems = report.problems();
+    assert!(
+        problems
+            .iter()
+            .any(|l| l.contains("claims aes-256-xts but served none")),
+        "{problems:#?}"
+    );
+    assert!(report.to_string().contains("ran elsewhere"), "{report}");
+    assert!(std::panic::catch_unwind(|| report.assert_ok()).is_err());
+}
+
+#[tokio::test]
+async fn an_engine_with_narrow_limits_still_passes() {
+    // Lengths of whole blocks only (a device without ciphertext stealing):
+    // some vectors run on the CPU, counted, and every algorithm still has
+    // vectors it serves.
+    let report = run_pinned(common::Engine::new("blocks").multiple_of(16)).await;
+    report.assert_ok();
+    let p = report.pinned.as_ref().unwrap();
+    assert!(p.served.iter().any(|&(_, ran, on)| on < ran), "{p:?}");
 }

@@ -90,19 +90,10 @@ fn every_device_passes_the_known_answers_through_offload() {
                 .build()
                 .unwrap();
             let report = testing::run_vectors(&offload).await;
+            eprintln!("{name}: {report}");
+            // Also fails on a request the device failed (replayed on the
+            // CPU) and on a claimed algorithm it served no vector of.
             report.assert_ok();
-            let stats = offload
-                .backends()
-                .into_iter()
-                .find(|s| s.name == name)
-                .unwrap()
-                .stats;
-            eprintln!(
-                "{name}: {} vectors passed, {} requests on the device",
-                report.passed, stats.requests
-            );
-            assert!(stats.requests > 0, "{name}: nothing ran on the device");
-            assert_eq!(stats.failures, 0, "{name}: requests failed over to the CPU");
         }
     });
 }

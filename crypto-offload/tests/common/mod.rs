@@ -30,6 +30,8 @@ pub struct Engine {
     pub multiple: usize,
     /// It takes requests of at most this many bytes.
     pub max: Option<usize>,
+    /// It claims its algorithms but refuses every session (`Unsupported`).
+    pub refuse_sessions: bool,
     pub requests: Arc<AtomicUsize>,
 }
 
@@ -44,6 +46,7 @@ impl Engine {
             per_unit: false,
             multiple: 1,
             max: None,
+            refuse_sessions: false,
             requests: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -70,6 +73,13 @@ impl Engine {
     /// Its failures are `Unsupported` (a request shape it does not take).
     pub fn refusing(mut self) -> Self {
         self.refuse = true;
+        self
+    }
+
+    /// It claims its algorithms in `limits` but refuses to open a session
+    /// of any of them: a backend whose claims are not true.
+    pub fn refusing_sessions(mut self) -> Self {
+        self.refuse_sessions = true;
         self
     }
 
@@ -218,6 +228,7 @@ impl Backend for Engine {
         alg: CipherAlg,
         key: &SecretKey,
     ) -> Result<Box<dyn CipherContext>, BackendError> {
+        self.open_check()?;
         let inner = CpuBackend::new().open_cipher(alg, key).await?;
         Ok(Box::new(Cipher(inner, self.counter())))
     }
@@ -226,16 +237,25 @@ impl Backend for Engine {
         alg: AeadAlg,
         key: &SecretKey,
     ) -> Result<Box<dyn AeadContext>, BackendError> {
+        self.open_check()?;
         let inner = CpuBackend::new().open_aead(alg, key).await?;
         Ok(Box::new(Aead(inner, self.counter())))
     }
     async fn open_crc(&self, alg: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
+        self.open_check()?;
         let inner = CpuBackend::new().open_crc(alg).await?;
         Ok(Box::new(Crc(inner, self.counter())))
     }
 }
 
 impl Engine {
+    fn open_check(&self) -> Result<(), BackendError> {
+        if self.refuse_sessions {
+            return Err(BackendError::Unsupported("no such session here".into()));
+        }
+        Ok(())
+    }
+
     fn counter(&self) -> Counter {
         Counter {
             fail_every: self.fail_every,
