@@ -176,6 +176,53 @@ impl<B> From<RequestError<B>> for Error {
     }
 }
 
+impl Error {
+    /// The [`std::io::ErrorKind`] this error maps to in `io::Result` code:
+    /// `InvalidInput` for what the caller passed (lengths, a weak key, an
+    /// unknown backend name), `InvalidData` for data that does not verify
+    /// (a tag, a CRC), `Unsupported`, and for a backend's failure the kind
+    /// of its OS error where it has one (`TimedOut`, `NotConnected` for a
+    /// device that is gone, `Other` else).
+    pub fn io_kind(&self) -> std::io::ErrorKind {
+        use std::io::ErrorKind as K;
+        match self {
+            Error::KeyLength { .. }
+            | Error::WeakKey { .. }
+            | Error::IvLength { .. }
+            | Error::TagLength { .. }
+            | Error::DataLength { .. }
+            | Error::UnknownBackend(_) => K::InvalidInput,
+            Error::Authentication | Error::ChecksumMismatch { .. } => K::InvalidData,
+            Error::Unsupported { .. } => K::Unsupported,
+            Error::Backend { source, .. } => match source {
+                BackendError::Io { source, .. } => source.kind(),
+                BackendError::DeviceGone => K::NotConnected,
+                BackendError::Timeout => K::TimedOut,
+                BackendError::Unsupported(_) => K::Unsupported,
+                BackendError::Authentication => K::InvalidData,
+                BackendError::Other(_) => K::Other,
+            },
+        }
+    }
+}
+
+/// For servers that live in `io::Result`: the kind from
+/// [`Error::io_kind`], and the error itself inside (reach it with
+/// [`std::io::Error::get_ref`] and `downcast_ref::<Error>()`).
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> std::io::Error {
+        std::io::Error::new(e.io_kind(), e)
+    }
+}
+
+/// A failed request as an `io::Error` (the buffer is dropped; keep it with
+/// [`RequestError::into_parts`] first if you want it back).
+impl<B> From<RequestError<B>> for std::io::Error {
+    fn from(e: RequestError<B>) -> std::io::Error {
+        Error::from(e).into()
+    }
+}
+
 // The buffer may hold plaintext: print only that there is one.
 impl<B> fmt::Debug for RequestError<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

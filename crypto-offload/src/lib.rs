@@ -32,6 +32,9 @@ pub mod vfio;
 pub mod testing;
 
 pub use alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
+/// The `bytes` crate this one takes `BytesMut` buffers from: the same
+/// version, without a dependency of your own.
+pub use bytes;
 // In `BackendInfo`, what `Offload::backends` reports: an application that
 // reads them should not need the implementor's module.
 pub use backend::{BackendKind, PowerStats};
@@ -47,7 +50,8 @@ pub use offload::{BackendInfo, BackendStats, Offload, OffloadBuilder};
 pub use policy::{ParsePolicyError, Policy};
 pub use select::{Candidate, Explanation};
 pub use session::{
-    AeadSession, CipherRequest, CipherSession, CrcSession, CrcUpdate, Open, Seal, SealDetached, Tag,
+    AeadSession, CipherRequest, CipherSession, CrcChecksum, CrcSession, CrcUpdate, Open, Seal,
+    SealDetached, Tag,
 };
 
 /// CRC combination: the CRC of `A ‖ B` from `crc(A)`, `crc(B)` and `len(B)`.

@@ -45,6 +45,10 @@ pub struct Candidate {
     pub resume: Option<Duration>,
     /// Why the backend is not eligible, if it is not.
     pub excluded: Option<String>,
+    /// What else is true of it: why the choice has no predicted cost
+    /// (the CPU is always eligible, a pinned backend is the only one), or
+    /// that sessions are pinned to it.
+    pub note: Option<String>,
 }
 
 /// What [`Offload::explain`](crate::Offload::explain) returns: every
@@ -76,22 +80,30 @@ impl fmt::Display for Explanation {
         for c in &self.candidates {
             match (&c.excluded, c.latency, c.cpu_time) {
                 (Some(why), _, _) => writeln!(f, "  {:<24} excluded: {why}", c.backend)?,
+                (None, None, _) | (None, _, None) => writeln!(
+                    f,
+                    "  {:<24} {}",
+                    c.backend,
+                    c.note.as_deref().unwrap_or("no predicted cost")
+                )?,
                 (None, Some(l), Some(cpu)) => {
                     write!(
                         f,
                         "  {:<24} latency {:>12?}  cpu {:>12?}  in flight {}",
                         c.backend, l, cpu, c.in_flight
                     )?;
-                    match c.resume {
-                        Some(r) => writeln!(
+                    if let Some(r) = c.resume {
+                        write!(
                             f,
                             "  (suspended: {r:?} of it is the resume; {:?} once powered)",
                             l.saturating_sub(r)
-                        )?,
+                        )?;
+                    }
+                    match &c.note {
+                        Some(note) => writeln!(f, "  ({note})")?,
                         None => writeln!(f)?,
                     }
                 }
-                _ => {}
             }
         }
         Ok(())
@@ -598,7 +610,26 @@ pub(crate) fn explain(slots: &Slots, alg: Algorithm, dir: Direction, len: usize)
                     slot.breaker.reason().unwrap_or_default()
                 ),
             });
+            let pinned_here = slots.pinned == Some(id);
             match (excluded, predicted) {
+                // What runs the request is never "excluded": say why it has
+                // no predicted cost instead.
+                (None, Err(why)) if id == choice => Candidate {
+                    backend,
+                    latency: None,
+                    cpu_time: None,
+                    in_flight,
+                    resume: None,
+                    excluded: None,
+                    note: Some(if pinned_here {
+                        format!("pinned; no predicted cost ({why})")
+                    } else if id.is_cpu() {
+                        "always eligible; its cost is not measured (nothing to weigh it against)"
+                            .to_owned()
+                    } else {
+                        why
+                    }),
+                },
                 (Some(why), _) | (None, Err(why)) => Candidate {
                     backend,
                     latency: None,
@@ -606,6 +637,7 @@ pub(crate) fn explain(slots: &Slots, alg: Algorithm, dir: Direction, len: usize)
                     in_flight,
                     resume: None,
                     excluded: Some(why),
+                    note: None,
                 },
                 (None, Ok(p)) => Candidate {
                     backend,
@@ -614,6 +646,7 @@ pub(crate) fn explain(slots: &Slots, alg: Algorithm, dir: Direction, len: usize)
                     in_flight,
                     resume: p.cold.then(|| ns(slot.model.resume_ns.get())),
                     excluded: None,
+                    note: pinned_here.then(|| "pinned".to_owned()),
                 },
             }
         })

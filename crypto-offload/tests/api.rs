@@ -549,3 +549,151 @@ async fn the_cpu_choice_is_measured_saved_and_loaded_with_the_profile() {
         assert!(sealed.windows(2).all(|w| w[0] == w[1]), "XTS len {len}");
     }
 }
+
+/// A server that lives in `io::Result` uses `?` on sessions and requests:
+/// the kind says what happened, and the crate's error is inside.
+#[tokio::test]
+async fn errors_convert_into_io_errors_with_their_kind() {
+    use std::io::ErrorKind;
+
+    async fn open_cipher(offload: &Offload, key: &[u8]) -> std::io::Result<CipherSession> {
+        Ok(offload.cipher(CipherAlg::Aes128Cbc, key).await?)
+    }
+    async fn open_sealed(s: &AeadSession, msg: Vec<u8>) -> std::io::Result<Vec<u8>> {
+        Ok(s.open(&[0; 12], b"", msg).await?)
+    }
+
+    let offload = Offload::discover().await.unwrap();
+    let e = open_cipher(&offload, &key(5)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    let inner = e.get_ref().and_then(|i| i.downcast_ref::<Error>());
+    assert!(
+        matches!(inner, Some(Error::KeyLength { len: 5, .. })),
+        "{e:?}"
+    );
+
+    let s = offload.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
+    let mut sealed = s.seal(&[0; 12], b"", vec![7u8; 40]).await.unwrap();
+    sealed[3] ^= 1;
+    let e = open_sealed(&s, sealed).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidData);
+    assert_eq!(e.to_string(), "authentication failed");
+
+    let e: std::io::Error = Error::ChecksumMismatch {
+        expected: 1,
+        computed: 2,
+    }
+    .into();
+    assert_eq!(e.kind(), ErrorKind::InvalidData);
+    let e: std::io::Error = Error::UnknownBackend("x".into()).into();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+}
+
+/// `discover()?` works where errors are boxed: `Unavailable` is an error.
+#[cfg(feature = "af-alg")]
+#[test]
+fn engine_discovery_errors_are_errors() {
+    fn discover() -> Result<usize, Box<dyn std::error::Error>> {
+        Ok(crypto_offload::af_alg::AfAlgBackend::discover()?.len())
+    }
+    // Either outcome is fine here (the host may have no AF_ALG); what is
+    // tested is that `?` compiles and the reason prints.
+    if let Err(e) = discover() {
+        assert!(!e.to_string().is_empty());
+    }
+}
+
+/// `explain` says what is true of the backend that runs the request: the
+/// CPU alone is always eligible, a pinned engine is pinned — neither is
+/// "excluded" while chosen.
+#[tokio::test]
+async fn explain_never_calls_the_chosen_backend_excluded() {
+    use crypto_offload::Direction;
+    let cpu_only = Offload::builder().build().unwrap();
+    let e = cpu_only.explain(CipherAlg::Aes128Cbc, Direction::Encrypt, 4096);
+    assert_eq!(e.choice, "cpu");
+    let cpu = &e.candidates[0];
+    assert_eq!(cpu.excluded, None, "{e}");
+    assert!(e.to_string().contains("always eligible"), "{e}");
+    assert!(!e.to_string().contains("excluded"), "{e}");
+
+    let pinned = Offload::builder()
+        .backend(common::Engine::new("engine").shared())
+        .pin("engine")
+        .build()
+        .unwrap();
+    let e = pinned.explain(CipherAlg::Aes128Cbc, Direction::Encrypt, 4096);
+    assert_eq!(e.choice, "engine");
+    let engine = e.candidates.iter().find(|c| c.backend == "engine").unwrap();
+    assert_eq!(engine.excluded, None, "{e}");
+    assert!(engine.note.as_deref().unwrap().starts_with("pinned"), "{e}");
+    let cpu = e.candidates.iter().find(|c| c.backend == "cpu").unwrap();
+    assert_eq!(
+        cpu.excluded.as_deref(),
+        Some("sessions are pinned to engine"),
+        "{e}"
+    );
+}
+
+/// One CRC session shared by many tasks: `checksum(&self)` one-shots, more
+/// in flight than a pinned engine's ring holds (4 queues of 2 slots, 256
+/// requests), a quarter of them failed by the engine and completed on the
+/// CPU. Every result matches the CRC computed directly; the session's
+/// running CRC is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_crc_session_serves_concurrent_one_shots_past_the_engines_ring() {
+    use crypto_offload::Algorithm;
+    use crypto_offload_sim::{SimConfig, SimEngine, SimFaults, SimTimer};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    for alg in [CrcAlg::CRC32C, CrcAlg::Crc64Nvme] {
+        let mut c = SimConfig::new(
+            "ring",
+            vec![Algorithm::Crc(alg)],
+            Duration::from_micros(50),
+            4e9,
+        );
+        c.timer = SimTimer::Tokio;
+        c.queues = 4;
+        c.queue_depth = 2;
+        c.faults = SimFaults {
+            error_rate: 0.25,
+            seed: 7,
+            ..SimFaults::default()
+        };
+        let sim = Arc::new(SimEngine::new(c));
+        let offload = Offload::builder()
+            .backend(sim.clone())
+            .pin("ring")
+            .build()
+            .unwrap();
+        let mut session = offload.crc(alg).await.unwrap();
+        session.update_from_slice(b"running");
+        let running = session.finalize();
+        let session = Arc::new(session);
+        let tasks: Vec<_> = (0..256usize)
+            .map(|i| {
+                let s = session.clone();
+                tokio::spawn(async move {
+                    let data: Vec<u8> = (0..i * 37 + 1).map(|j| (j * 7 + i) as u8).collect();
+                    let want = crypto_offload_fallback::checksum(alg, &data);
+                    let (back, crc) = s.checksum(data.clone()).await.unwrap();
+                    assert_eq!(back, data, "{alg} request {i}: buffer changed");
+                    assert_eq!(crc, want, "{alg} request {i}");
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(session.finalize(), running, "{alg}: running CRC changed");
+        let stats = offload
+            .backends()
+            .into_iter()
+            .find(|b| b.name == "ring")
+            .unwrap()
+            .stats;
+        assert!(stats.requests > 0 && stats.failures > 0, "{alg}: {stats:?}");
+    }
+}

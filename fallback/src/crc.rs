@@ -34,6 +34,46 @@ impl CrcAlg {
         CrcAlg::Crc64GoIso,
     ];
 
+    /// CRC-32C (Castagnoli), as most code names it:
+    /// [`CrcAlg::Crc32Iscsi`].
+    pub const CRC32C: CrcAlg = CrcAlg::Crc32Iscsi;
+
+    /// "CRC-32" (zlib, gzip, Ethernet, PNG): [`CrcAlg::Crc32IsoHdlc`].
+    pub const CRC32: CrcAlg = CrcAlg::Crc32IsoHdlc;
+
+    /// The short name tools use: `crc32`, `crc32c`, `crc64-nvme`,
+    /// `crc64-xz`, `crc64-go-iso`.
+    pub const fn short_name(self) -> &'static str {
+        match self {
+            CrcAlg::Crc32IsoHdlc => "crc32",
+            CrcAlg::Crc32Iscsi => "crc32c",
+            CrcAlg::Crc64Nvme => "crc64-nvme",
+            CrcAlg::Crc64Xz => "crc64-xz",
+            CrcAlg::Crc64GoIso => "crc64-go-iso",
+        }
+    }
+
+    /// The algorithm named `name`, ignoring case: its catalogue name
+    /// (`CRC-32/ISCSI`), its short name (`crc32c`), or a common alias
+    /// (`crc-32c`, `castagnoli`, `crc-32`, `crc64nvme`, `crc64`: NVMe's).
+    pub fn from_name(name: &str) -> Option<CrcAlg> {
+        let n = name.trim().to_ascii_lowercase();
+        if let Some(alg) = CrcAlg::ALL
+            .into_iter()
+            .find(|a| a.name().eq_ignore_ascii_case(&n) || a.short_name() == n)
+        {
+            return Some(alg);
+        }
+        Some(match n.as_str() {
+            "crc-32c" | "castagnoli" | "iscsi" => CrcAlg::Crc32Iscsi,
+            "crc-32" | "zlib" => CrcAlg::Crc32IsoHdlc,
+            "crc64nvme" | "crc-64-nvme" | "crc64" | "nvme" => CrcAlg::Crc64Nvme,
+            "crc64xz" | "crc-64-xz" | "xz" => CrcAlg::Crc64Xz,
+            "crc64goiso" | "crc-64-go-iso" => CrcAlg::Crc64GoIso,
+            _ => return None,
+        })
+    }
+
     /// The catalogue name, e.g. `"CRC-32/ISCSI"`.
     pub const fn name(self) -> &'static str {
         match self {
@@ -356,4 +396,34 @@ fn checksum_on(alg: CrcAlg, imp: Implementation, data: &[u8]) -> u64 {
 #[inline]
 pub fn combine(alg: CrcAlg, crc_a: u64, crc_b: u64, len_b: u64) -> u64 {
     crc_fast::checksum_combine(alg.fast(), crc_a, crc_b, len_b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_crc_parses_from_its_names_and_aliases() {
+        for alg in CrcAlg::ALL {
+            assert_eq!(CrcAlg::from_name(alg.name()), Some(alg));
+            assert_eq!(CrcAlg::from_name(&alg.name().to_lowercase()), Some(alg));
+            assert_eq!(CrcAlg::from_name(alg.short_name()), Some(alg));
+            assert_eq!(
+                CrcAlg::from_name(&alg.short_name().to_uppercase()),
+                Some(alg)
+            );
+        }
+        for (name, alg) in [
+            ("crc-32c", CrcAlg::CRC32C),
+            ("Castagnoli", CrcAlg::Crc32Iscsi),
+            ("CRC-32", CrcAlg::CRC32),
+            ("crc64nvme", CrcAlg::Crc64Nvme),
+            (" crc64-xz ", CrcAlg::Crc64Xz),
+        ] {
+            assert_eq!(CrcAlg::from_name(name), Some(alg), "{name}");
+        }
+        for bad in ["", "crc", "crc16", "sha256", "crc-32/iscsi/x"] {
+            assert_eq!(CrcAlg::from_name(bad), None, "{bad}");
+        }
+    }
 }

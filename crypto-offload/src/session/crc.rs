@@ -110,6 +110,44 @@ impl CrcSession {
         ))
     }
 
+    /// The CRC of `buf` alone, handed back with it: a one-shot that takes
+    /// `&self`, so one session serves any number of checksums in flight
+    /// (sectors, packets) from any number of tasks. The running CRC of
+    /// [`update`](Self::update) is neither read nor changed.
+    ///
+    /// ```
+    /// # futures::executor::block_on(async {
+    /// use crypto_offload::{CrcAlg, Offload};
+    ///
+    /// let offload = Offload::builder().build()?;
+    /// let crc = offload.crc(CrcAlg::CRC32C).await?;
+    /// let (a, b) = futures::future::join(
+    ///     crc.checksum(b"123456789".to_vec()),
+    ///     crc.checksum(vec![0u8; 4096]),
+    /// )
+    /// .await;
+    /// assert_eq!(a?.1, 0xe306_9283);
+    /// assert_eq!(b?.1, 0x98f9_4189);
+    /// # Ok::<(), crypto_offload::Error>(()) });
+    /// ```
+    ///
+    /// # Errors
+    /// None in practice: a backend failure is replayed on the CPU.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the request (the buffer with it, once an
+    /// engine holding it lets go); the session is unaffected.
+    #[inline]
+    pub fn checksum<B: Buffer>(&self, buf: B) -> CrcChecksum<'_, B> {
+        CrcChecksum(Request::new(
+            ChecksumOp {
+                choice: self.state.choice(),
+                on: &self.on,
+            },
+            buf,
+        ))
+    }
+
     /// Feeds borrowed bytes, on the CPU, synchronously.
     pub fn update_from_slice(&mut self, data: &[u8]) {
         self.state.update(data);
@@ -162,6 +200,114 @@ impl<B: Buffer> Future for CrcUpdate<'_, B> {
 impl<B: Buffer> fmt::Debug for CrcUpdate<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CrcUpdate").finish_non_exhaustive()
+    }
+}
+
+/// The future of [`CrcSession::checksum`]: the buffer and its CRC.
+#[must_use = "futures do nothing unless awaited"]
+pub struct CrcChecksum<'a, B: Buffer>(Request<'a, ChecksumOp<'a>, B>);
+
+impl<B: Buffer> Future for CrcChecksum<'_, B> {
+    type Output = Result<(B, u64), RequestError<B>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.get_mut().0).poll(cx)
+    }
+}
+
+impl<B: Buffer> fmt::Debug for CrcChecksum<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CrcChecksum").finish_non_exhaustive()
+    }
+}
+
+/// A one-shot: the CRC of the buffer alone, nothing of the session's
+/// running state.
+pub(crate) struct ChecksumOp<'a> {
+    choice: crypto_offload_fallback::choice::Choice,
+    on: &'a Engines,
+}
+
+impl<'a, B: Buffer> Operation<'a, B> for ChecksumOp<'a> {
+    type Params = ();
+    type Ctx = dyn CrcContext;
+    type EngineOut = (IoBuf, u64);
+    type JobOut = u64;
+    type Output = (B, u64);
+    type Caller = CrcAlg;
+    const NAME: &'static str = "crc checksum";
+
+    #[inline]
+    fn alg(&self) -> Algorithm {
+        self.on.alg.into()
+    }
+
+    #[inline]
+    fn dir(&self) -> Direction {
+        Direction::Encrypt
+    }
+
+    #[inline]
+    fn slots(&self) -> &'a Arc<Slots> {
+        &self.on.slots
+    }
+
+    fn contexts(&self) -> &'a Contexts<dyn CrcContext> {
+        &self.on.contexts
+    }
+
+    #[inline]
+    fn check(&mut self, _: &mut B) -> Result<(), Error> {
+        Ok(())
+    }
+
+    #[inline]
+    fn run_cpu(&mut self, _: &(), mut buf: B) -> Result<(B, u64), RequestError<B>> {
+        let crc = crypto_offload_fallback::checksum_with(self.on.alg, self.choice, buf.bytes_mut());
+        Ok((buf, crc))
+    }
+
+    fn cpu_parts(&self, _: &(), _len: usize, offered: usize) -> usize {
+        offered
+    }
+
+    fn spawn_cpu(&self, _: (), mut buf: B, parts: usize) -> CpuJob<u64, B> {
+        let alg = self.on.alg;
+        let choice = self.choice;
+        tokio::task::spawn_blocking(move || {
+            (Ok(checksum_split(alg, choice, buf.bytes_mut(), parts)), buf)
+        })
+    }
+
+    fn job_done(&mut self, _: &(), crc: u64, buf: B) -> (B, u64) {
+        (buf, crc)
+    }
+
+    fn caller(&self) -> CrcAlg {
+        self.on.alg
+    }
+
+    fn open_context(alg: CrcAlg, backend: &'a SharedBackend) -> OpenContext<'a, dyn CrcContext> {
+        backend.open_crc(alg)
+    }
+
+    fn call(
+        _: CrcAlg,
+        ctx: &'a dyn CrcContext,
+        _: (),
+        io: IoBuf,
+    ) -> BoxedRequest<'a, (IoBuf, u64)> {
+        ctx.checksum(io)
+    }
+
+    fn engine_done(
+        &mut self,
+        _: &(),
+        done: Result<(IoBuf, u64), Failed>,
+    ) -> Result<Result<(B, u64), RequestError<B>>, Failed> {
+        let (io, crc) = done?;
+        Ok(Ok((B::from_io(io), crc)))
     }
 }
 

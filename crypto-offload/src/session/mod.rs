@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use aead::{AeadSession, Open, Seal, SealDetached, Tag};
 pub use cipher::{CipherRequest, CipherSession};
-pub use crc::{CrcSession, CrcUpdate};
+pub use crc::{CrcChecksum, CrcSession, CrcUpdate};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tracing::Instrument;
