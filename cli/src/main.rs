@@ -6,6 +6,7 @@
 //! offload calibrate --out profile.toml
 //! offload explain --alg aes-256-xts --size 1k,64k --sim qce
 //! offload scenario omap|qce|mcrc64|eip197
+//! offload checksum --alg crc64-nvme [--base64] FILE… | --check LIST
 //! ```
 
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 mod bench;
+mod checksum;
 mod key;
 mod plot;
 mod scenario;
@@ -97,6 +99,9 @@ enum Command {
     },
     /// Replay one of the seed scenarios on its simulated engine.
     Scenario(scenario::ScenarioArgs),
+    /// Print (or with --check, verify) the CRC of each file, as sha256sum
+    /// does digests: hex, or S3's base64 form.
+    Checksum(checksum::ChecksumArgs),
 }
 
 fn main() -> ExitCode {
@@ -120,6 +125,7 @@ fn main() -> ExitCode {
             | Command::Calibrate { backends, .. }
             | Command::Explain { backends, .. } => Some(backends),
             Command::Bench(args) => Some(&args.backends),
+            Command::Checksum(args) => Some(&args.backends),
             Command::Scenario(_) => None,
         };
         if let Some(b) = backends {
@@ -136,6 +142,7 @@ fn main() -> ExitCode {
                 decrypt,
             } => setup::explain(&backends, &alg, &size, decrypt).await,
             Command::Scenario(args) => scenario::run(args).await,
+            Command::Checksum(args) => checksum::run(args).await,
         }
     });
     match result {
