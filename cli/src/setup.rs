@@ -185,6 +185,14 @@ pub async fn probe(b: &Backends) -> Result<(), Error> {
         );
     }
     println!("\n{}", crypto_offload::cpu_choice::cpu_line());
+    if crypto_offload::cpu_choice::built_unoptimised() {
+        println!(
+            "WARNING: the CPU code is built unoptimised (opt-level {}): the timings below are \
+             ~50x what a release build gets (build with --release, or set \
+             [profile.dev.package.\"*\"] opt-level = 3)",
+            crypto_offload::cpu_choice::OPT_LEVEL
+        );
+    }
     print!("{}", cpu_implementations(&offload));
     println!("\n{}", af_alg(b)?.1);
     println!("{}", vfio().1);

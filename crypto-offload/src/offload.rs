@@ -500,6 +500,7 @@ impl OffloadBuilder {
     /// [`Error::UnknownBackend`] if [`pin`](Self::pin) names no backend, or
     /// if two backends share a name.
     pub fn build(mut self) -> Result<Offload, Error> {
+        warn_if_unoptimised();
         // The profile's CPU implementations, where `cpu_choice` gave none
         // (a forced implementation wins over both).
         for (mode, choice) in self
@@ -544,5 +545,21 @@ impl OffloadBuilder {
         Ok(Offload {
             slots: Arc::new(slots),
         })
+    }
+}
+
+/// Once a process: a `tracing` warning when the CPU code was compiled
+/// without optimisation (a dependent project's debug build), where AES and
+/// CRC run ~50x slower and calibration would learn that.
+fn warn_if_unoptimised() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    if crate::cpu_choice::built_unoptimised() {
+        ONCE.call_once(|| {
+            tracing::warn!(
+                "crypto-offload's CPU code is built unoptimised (opt-level 0): AES and CRC \
+                 run ~50x slower than in release, and the cost model learns it; add \
+                 `[profile.dev.package.\"*\"] opt-level = 3` to your Cargo.toml"
+            );
+        });
     }
 }
