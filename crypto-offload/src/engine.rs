@@ -43,7 +43,7 @@ impl RequestTimeout {
     /// `Duration::MAX`).
     ///
     /// ```
-    /// # #[cfg(feature = "af-alg")] {
+    /// # #[cfg(all(feature = "af-alg", target_os = "linux"))] {
     /// use std::time::Duration;
     /// use crypto_offload::af_alg::REQUEST_TIMEOUT;
     ///
@@ -91,10 +91,10 @@ pub(crate) trait UnitCipher: Send + Sync + 'static {
 
 /// A cipher context over a driver session (AF_ALG's; VFIO's has its own,
 /// for requests in place on device memory).
-#[cfg(feature = "af-alg")]
+#[cfg(all(feature = "af-alg", target_os = "linux"))]
 pub(crate) use cipher::Cipher;
 
-#[cfg(feature = "af-alg")]
+#[cfg(all(feature = "af-alg", target_os = "linux"))]
 mod cipher {
     use async_trait::async_trait;
 

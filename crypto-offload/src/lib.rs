@@ -6,7 +6,7 @@
 // an engine's implementor needs is in `backend`; each engine this crate
 // ships is a module of its own (`cpu`, `af_alg`, `vfio`).
 
-#[cfg(feature = "af-alg")]
+#[cfg(all(feature = "af-alg", target_os = "linux"))]
 pub mod af_alg;
 mod alg;
 pub mod backend;
@@ -15,7 +15,7 @@ mod buffer;
 mod calibrate;
 mod cost;
 pub mod cpu;
-#[cfg(any(feature = "af-alg", feature = "vfio"))]
+#[cfg(all(any(feature = "af-alg", feature = "vfio"), target_os = "linux"))]
 mod engine;
 mod error;
 mod key;
@@ -25,7 +25,7 @@ mod power;
 mod select;
 mod session;
 mod slot;
-#[cfg(feature = "vfio")]
+#[cfg(all(feature = "vfio", target_os = "linux"))]
 pub mod vfio;
 
 #[cfg(feature = "testing")]
@@ -46,7 +46,9 @@ pub use crypto_offload_fallback::Implementation;
 /// measurement.
 pub use crypto_offload_fallback::choice as cpu_choice;
 pub use error::{Error, LengthRule, RequestError};
-pub use offload::{BackendInfo, BackendStats, Offload, OffloadBuilder};
+pub use offload::{
+    BackendInfo, BackendStats, EngineSearch, Offload, OffloadBuilder, SearchOutcome,
+};
 pub use policy::{ParsePolicyError, Policy};
 pub use select::{Candidate, Explanation};
 pub use session::{

@@ -37,6 +37,143 @@ use crate::slot::{SlotId, Slots};
 #[derive(Clone)]
 pub struct Offload {
     slots: Arc<Slots>,
+    discovery: Arc<[EngineSearch]>,
+}
+
+/// What [`Offload::discover`] did about one kind of engine
+/// ([`Offload::discovery`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineSearch {
+    /// `"AF_ALG"` or `"VFIO"`.
+    pub kind: &'static str,
+    /// What came of it.
+    pub outcome: SearchOutcome,
+}
+
+/// What came of looking for one kind of engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SearchOutcome {
+    /// Not looked for: this build does not have it (the feature named is
+    /// off, or this platform has no such engines).
+    NotCompiled {
+        /// The cargo feature that adds it, e.g. `"vfio"`.
+        feature: &'static str,
+    },
+    /// Looked for, and none is usable here: why.
+    Unavailable(String),
+    /// Looked for: the backends that joined (possibly none: AF_ALG with no
+    /// hardware engine), and each device left out with the reason.
+    Found {
+        /// The names of the backends that joined.
+        backends: Vec<String>,
+        /// Devices seen but not used, each with why.
+        left_out: Vec<String>,
+    },
+}
+
+impl core::fmt::Display for EngineSearch {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match &self.outcome {
+            SearchOutcome::NotCompiled { feature } => write!(
+                f,
+                "{}: not looked for (feature `{feature}` is off, or not this platform)",
+                self.kind
+            ),
+            SearchOutcome::Unavailable(why) => write!(f, "{}: unavailable: {why}", self.kind),
+            SearchOutcome::Found { backends, left_out } => {
+                if backends.is_empty() {
+                    write!(f, "{}: none found", self.kind)?;
+                } else {
+                    write!(f, "{}: {}", self.kind, backends.join(", "))?;
+                }
+                if !left_out.is_empty() {
+                    write!(f, "; left out: {}", left_out.join("; "))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// VFIO devices this process has opened through discovery, so that a
+/// second `Offload::discover` shares them (a VFIO group opens once per
+/// process) instead of listing them as busy.
+#[cfg(all(feature = "vfio", target_os = "linux"))]
+static VFIO_OPENED: std::sync::Mutex<Vec<std::sync::Weak<crate::vfio::VfioBackend>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Every compiled-in engine that works here, and what was found per kind.
+async fn discover_engines() -> (Vec<SharedBackend>, Vec<EngineSearch>) {
+    #[allow(unused_imports)]
+    use crate::backend::Backend as _;
+    #[allow(unused_mut)]
+    let mut found: Vec<SharedBackend> = Vec::new();
+    let mut searches = Vec::new();
+    #[cfg(all(feature = "af-alg", target_os = "linux"))]
+    searches.push(EngineSearch {
+        kind: "AF_ALG",
+        outcome: match crate::af_alg::AfAlgBackend::discover() {
+            Ok(engines) => {
+                let backends = engines.iter().map(|e| e.name().to_owned()).collect();
+                found.extend(engines.into_iter().map(|e| Arc::new(e) as SharedBackend));
+                SearchOutcome::Found {
+                    backends,
+                    left_out: Vec::new(),
+                }
+            }
+            Err(e) => SearchOutcome::Unavailable(e.0),
+        },
+    });
+    #[cfg(not(all(feature = "af-alg", target_os = "linux")))]
+    searches.push(EngineSearch {
+        kind: "AF_ALG",
+        outcome: SearchOutcome::NotCompiled { feature: "af-alg" },
+    });
+    #[cfg(all(feature = "vfio", target_os = "linux"))]
+    {
+        use crate::vfio::VfioBackend;
+        let shared: Vec<Arc<VfioBackend>> = {
+            let mut opened = VFIO_OPENED.lock().unwrap_or_else(|e| e.into_inner());
+            opened.retain(|w| w.strong_count() > 0);
+            opened.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        let skip: Vec<String> = shared.iter().map(|d| d.address().to_owned()).collect();
+        let outcome = match VfioBackend::discover_each(&skip).await {
+            Ok((devices, left_out)) => {
+                let devices: Vec<Arc<VfioBackend>> = devices.into_iter().map(Arc::new).collect();
+                VFIO_OPENED
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(devices.iter().map(Arc::downgrade));
+                let all: Vec<Arc<VfioBackend>> = shared.into_iter().chain(devices).collect();
+                let backends = all.iter().map(|d| d.name().to_owned()).collect();
+                found.extend(all.into_iter().map(|d| d as SharedBackend));
+                SearchOutcome::Found {
+                    backends,
+                    left_out: left_out
+                        .into_iter()
+                        .map(|(address, why)| format!("{address}: {why}"))
+                        .collect(),
+                }
+            }
+            Err(e) => SearchOutcome::Unavailable(e.0),
+        };
+        searches.push(EngineSearch {
+            kind: "VFIO",
+            outcome,
+        });
+    }
+    #[cfg(not(all(feature = "vfio", target_os = "linux")))]
+    searches.push(EngineSearch {
+        kind: "VFIO",
+        outcome: SearchOutcome::NotCompiled { feature: "vfio" },
+    });
+    for s in &searches {
+        tracing::info!(kind = s.kind, "{s}");
+    }
+    (found, searches)
 }
 
 /// One backend of an `Offload`, as [`Offload::backends`] lists it.
@@ -128,11 +265,13 @@ impl Offload {
     /// Dropping the future before it completes leaves nothing behind.
     pub async fn discover_with(builder: OffloadBuilder) -> Result<Offload, Error> {
         let mut builder = builder;
-        for engine in Offload::discover_backends().await {
+        let (engines, discovery) = discover_engines().await;
+        for engine in engines {
             builder = builder.backend(engine);
         }
         let profiled = builder.profile.is_some();
-        let offload = builder.build()?;
+        let mut offload = builder.build()?;
+        offload.discovery = Arc::from(discovery);
         // With the CPU alone there is nothing to choose between.
         if offload.slots.has_engines() && !profiled {
             offload.calibrate().await?;
@@ -150,25 +289,31 @@ impl Offload {
     /// # Cancel safety
     /// Dropping the future before it completes leaves nothing behind.
     pub async fn discover_backends() -> Vec<SharedBackend> {
-        #[allow(unused_mut)]
-        let mut found: Vec<SharedBackend> = Vec::new();
-        #[cfg(feature = "af-alg")]
-        if let Ok(engines) = crate::af_alg::AfAlgBackend::discover() {
-            found.extend(
-                engines
-                    .into_iter()
-                    .map(|e| std::sync::Arc::new(e) as SharedBackend),
-            );
-        }
-        #[cfg(feature = "vfio")]
-        if let Ok(devices) = crate::vfio::VfioBackend::discover().await {
-            found.extend(
-                devices
-                    .into_iter()
-                    .map(|d| std::sync::Arc::new(d) as SharedBackend),
-            );
-        }
-        found
+        discover_engines().await.0
+    }
+
+    /// What [`discover`](Offload::discover) looked for and found, per kind
+    /// of engine: not compiled in (and which feature adds it), looked for
+    /// and unusable (and why), or the backends that joined and the devices
+    /// left out. Empty for an `Offload` made by the builder alone.
+    ///
+    /// ```
+    /// # futures::executor::block_on(async {
+    /// use crypto_offload::{Offload, SearchOutcome};
+    ///
+    /// let offload = Offload::discover().await?;
+    /// for search in offload.discovery() {
+    ///     match &search.outcome {
+    ///         SearchOutcome::NotCompiled { feature } => println!("{}: feature `{feature}` is off", search.kind),
+    ///         SearchOutcome::Unavailable(why) => println!("{}: {why}", search.kind),
+    ///         SearchOutcome::Found { backends, left_out } => println!("{}: {backends:?}, left out {left_out:?}", search.kind),
+    ///         _ => {}
+    ///     }
+    /// }
+    /// # Ok::<(), crypto_offload::Error>(()) });
+    /// ```
+    pub fn discovery(&self) -> &[EngineSearch] {
+        &self.discovery
     }
 
     /// Measures every backend's costs for every algorithm it runs (bounded:
@@ -544,6 +689,7 @@ impl OffloadBuilder {
         }
         Ok(Offload {
             slots: Arc::new(slots),
+            discovery: Arc::from(Vec::new()),
         })
     }
 }

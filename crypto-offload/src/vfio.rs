@@ -105,6 +105,19 @@ impl VfioBackend {
     /// # Cancel safety
     /// Dropping the future closes the devices opened so far.
     pub async fn discover() -> Result<Vec<VfioBackend>, Unavailable> {
+        let (out, left_out) = VfioBackend::discover_each(&[]).await?;
+        if out.is_empty() {
+            let why: Vec<String> = left_out.iter().map(|(a, e)| format!("{a}: {e}")).collect();
+            return Err(Unavailable(why.join("; ")));
+        }
+        Ok(out)
+    }
+
+    /// [`discover`](Self::discover), skipping the devices at `skip`, with
+    /// each device left out and why.
+    pub(crate) async fn discover_each(
+        skip: &[String],
+    ) -> Result<(Vec<VfioBackend>, Vec<(String, Unavailable)>), Unavailable> {
         let (usable, _) = vfio::devices();
         if usable.is_empty() {
             return Err(Unavailable(
@@ -112,20 +125,17 @@ impl VfioBackend {
             ));
         }
         let mut out = Vec::new();
-        let mut errors = Vec::new();
-        for address in usable {
+        let mut left_out = Vec::new();
+        for address in usable.into_iter().filter(|a| !skip.contains(a)) {
             match VfioBackend::open(&address).await {
                 Ok(b) => out.push(b),
                 Err(e) => {
                     tracing::warn!(%address, error = %e.0, "VFIO device left out");
-                    errors.push(format!("{address}: {}", e.0));
+                    left_out.push((address, e));
                 }
             }
         }
-        if out.is_empty() {
-            return Err(Unavailable(errors.join("; ")));
-        }
-        Ok(out)
+        Ok((out, left_out))
     }
 
     /// Opens the device at `address` and probes which algorithms it takes.

@@ -697,3 +697,50 @@ async fn one_crc_session_serves_concurrent_one_shots_past_the_engines_ring() {
         assert!(stats.requests > 0 && stats.failures > 0, "{alg}: {stats:?}");
     }
 }
+
+/// `Offload::discovery` says, per kind of engine, whether it was looked
+/// for and what came of it — here (no AF_ALG on the build hosts, VFIO off
+/// in this build unless `--all-features`) and in the guest alike.
+#[tokio::test]
+async fn discovery_says_what_it_looked_for_and_what_joined() {
+    use crypto_offload::{BackendKind, SearchOutcome};
+    assert!(Offload::builder().build().unwrap().discovery().is_empty());
+    let offload = Offload::discover().await.unwrap();
+    let d = offload.discovery();
+    assert_eq!(
+        d.iter().map(|s| s.kind).collect::<Vec<_>>(),
+        ["AF_ALG", "VFIO"]
+    );
+    for (search, kind, compiled) in [
+        (&d[0], BackendKind::Kernel, cfg!(feature = "af-alg")),
+        (&d[1], BackendKind::Device, cfg!(feature = "vfio")),
+    ] {
+        let joined: Vec<String> = offload
+            .backends()
+            .into_iter()
+            .filter(|b| b.kind == kind)
+            .map(|b| b.name)
+            .collect();
+        let text = search.to_string();
+        match &search.outcome {
+            SearchOutcome::NotCompiled { feature } => {
+                assert!(!compiled, "{text}");
+                assert!(
+                    text.contains(&format!("feature `{feature}` is off")),
+                    "{text}"
+                );
+                assert!(joined.is_empty());
+            }
+            SearchOutcome::Unavailable(why) => {
+                assert!(compiled && !why.is_empty(), "{text}");
+                assert!(text.contains("unavailable: "), "{text}");
+                assert!(joined.is_empty());
+            }
+            SearchOutcome::Found { backends, .. } => {
+                assert!(compiled, "{text}");
+                assert_eq!(*backends, joined, "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

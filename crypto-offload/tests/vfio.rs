@@ -1059,3 +1059,51 @@ fn overload_through_offload_pinned_and_behind_the_selector() {
         }
     });
 }
+
+/// A second `Offload::discover` in the process shares the devices the
+/// first opened (a VFIO group opens once per process) instead of finding
+/// them busy; once every `Offload` holding them is gone, a third opens
+/// them afresh.
+#[test]
+fn a_second_discover_shares_the_devices_the_first_opened() {
+    let _turn = exclusive();
+    let Some(listed) = guest_devices() else {
+        eprintln!("no VFIO device here: not run");
+        return;
+    };
+    let rt = rt();
+    rt.block_on(async {
+        let vfio_names = |o: &Offload| -> Vec<String> {
+            o.backends()
+                .into_iter()
+                .filter(|b| b.name.starts_with("vfio:"))
+                .map(|b| b.name)
+                .collect()
+        };
+        let want: Vec<String> = listed.iter().map(|a| format!("vfio:{a}")).collect();
+        let first = Offload::discover().await.unwrap();
+        let second = Offload::discover().await.unwrap();
+        assert_eq!(vfio_names(&first), want);
+        assert_eq!(vfio_names(&second), want, "{:?}", second.discovery());
+        let search = second
+            .discovery()
+            .iter()
+            .find(|s| s.kind == "VFIO")
+            .unwrap();
+        match &search.outcome {
+            crypto_offload::SearchOutcome::Found { left_out, .. } => {
+                assert!(left_out.is_empty(), "{search}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Both work: a round trip through each.
+        for o in [&first, &second] {
+            let s = o.cipher(CipherAlg::Aes128Cbc, &[7; 16]).await.unwrap();
+            let ct = s.encrypt(&[1; 16], vec![5u8; 4096]).await.unwrap();
+            assert_eq!(s.decrypt(&[1; 16], ct).await.unwrap(), vec![5u8; 4096]);
+        }
+        drop((first, second));
+        let third = Offload::discover().await.unwrap();
+        assert_eq!(vfio_names(&third), want);
+    });
+}
