@@ -52,8 +52,8 @@ pub use offload::{
 pub use policy::{ParsePolicyError, Policy};
 pub use select::{Candidate, Explanation};
 pub use session::{
-    AeadSession, CipherRequest, CipherSession, CrcChecksum, CrcSession, CrcUpdate, Open, Seal,
-    SealDetached, Tag,
+    AeadSession, CipherRequest, CipherSession, CrcChecksum, CrcSession, CrcUpdate, IvInput, Open,
+    Seal, SealDetached, Tag,
 };
 
 /// CRC combination: the CRC of `A ‖ B` from `crc(A)`, `crc(B)` and `len(B)`.

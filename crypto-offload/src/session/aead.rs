@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crypto_offload_fallback::{GCM_MAX_LEN, Gcm};
 use zeroize::Zeroize;
 
+use super::iv::IvInput;
 use super::request::{CpuJob, OpenContext, Operation, Request};
 use super::{BoxedRequest, Contexts, session_key};
 use crate::alg::{AeadAlg, Algorithm};
@@ -104,7 +105,12 @@ impl AeadSession {
     ///
     /// # Cancel safety
     /// As for [`CipherSession::encrypt`](crate::CipherSession::encrypt).
-    pub fn seal<'a, B: Buffer>(&'a self, nonce: &'a [u8], aad: &'a [u8], buf: B) -> Seal<'a, B> {
+    pub fn seal<'a, B: Buffer>(
+        &'a self,
+        nonce: impl IvInput<12>,
+        aad: &'a [u8],
+        buf: B,
+    ) -> Seal<'a, B> {
         Seal(self.seal_detached(nonce, aad, buf))
     }
 
@@ -117,7 +123,7 @@ impl AeadSession {
     /// As for [`seal`](Self::seal).
     pub fn seal_detached<'a, B: Buffer>(
         &'a self,
-        nonce: &'a [u8],
+        nonce: impl IvInput<12>,
         aad: &'a [u8],
         buf: B,
     ) -> SealDetached<'a, B> {
@@ -125,7 +131,7 @@ impl AeadSession {
             SealOp {
                 session: self,
                 aad,
-                nonce,
+                nonce: nonce.into_block(),
             },
             buf,
         ))
@@ -143,12 +149,17 @@ impl AeadSession {
     /// # Cancel safety
     /// As for [`seal`](Self::seal). No plaintext is ever observable before
     /// the tag has verified.
-    pub fn open<'a, B: Buffer>(&'a self, nonce: &'a [u8], aad: &'a [u8], buf: B) -> Open<'a, B> {
+    pub fn open<'a, B: Buffer>(
+        &'a self,
+        nonce: impl IvInput<12>,
+        aad: &'a [u8],
+        buf: B,
+    ) -> Open<'a, B> {
         Open(Request::new(
             OpenOp {
                 session: self,
                 aad,
-                nonce,
+                nonce: nonce.into_block(),
                 tag: None,
             },
             buf,
@@ -165,7 +176,7 @@ impl AeadSession {
     /// As for [`open`](Self::open).
     pub fn open_detached<'a, B: Buffer>(
         &'a self,
-        nonce: &'a [u8],
+        nonce: impl IvInput<12>,
         aad: &'a [u8],
         buf: B,
         tag: &'a [u8],
@@ -174,7 +185,7 @@ impl AeadSession {
             OpenOp {
                 session: self,
                 aad,
-                nonce,
+                nonce: nonce.into_block(),
                 tag: Some(tag),
             },
             buf,
@@ -211,11 +222,11 @@ impl AeadSession {
         }
     }
 
-    fn check(&self, nonce: &[u8], len: usize) -> Result<[u8; 12], Error> {
+    fn check(&self, nonce: Result<[u8; 12], usize>, len: usize) -> Result<[u8; 12], Error> {
         let alg: Algorithm = self.alg.into();
-        let nonce = <[u8; 12]>::try_from(nonce).map_err(|_| Error::IvLength {
+        let nonce = nonce.map_err(|given| Error::IvLength {
             alg,
-            len: nonce.len(),
+            len: given,
             expected: 12,
         })?;
         if len as u64 > GCM_MAX_LEN {
@@ -309,7 +320,7 @@ debug_request!(SealDetached, Seal, Open);
 pub(crate) struct SealOp<'a> {
     session: &'a AeadSession,
     aad: &'a [u8],
-    nonce: &'a [u8],
+    nonce: Result<[u8; 12], usize>,
 }
 
 impl<'a, B: Buffer> Operation<'a, B> for SealOp<'a> {
@@ -401,7 +412,7 @@ impl<'a, B: Buffer> Operation<'a, B> for SealOp<'a> {
 pub(crate) struct OpenOp<'a> {
     session: &'a AeadSession,
     aad: &'a [u8],
-    nonce: &'a [u8],
+    nonce: Result<[u8; 12], usize>,
     tag: Option<&'a [u8]>,
 }
 

@@ -6,6 +6,7 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::sync::Arc;
 
+use super::iv::IvInput;
 use super::request::{CpuJob, OpenContext, Operation, Request};
 use super::{BoxedRequest, Contexts, session_key};
 use crate::alg::{Algorithm, CipherAlg, CipherMode};
@@ -125,7 +126,9 @@ impl CipherSession {
     ///
     /// `iv` is the CBC IV, the CTR initial counter block (the whole 128 bits
     /// count, big-endian, wrapping), or the XTS tweak of the first data unit
-    /// (the sector number, 128-bit little-endian); always 16 bytes.
+    /// (the sector number, 128-bit little-endian); always 16 bytes, taken by
+    /// value ([`IvInput`]: `[u8; 16]`, `&[u8; 16]` or a slice), so the
+    /// request borrows only the session.
     ///
     /// # Errors
     /// [`Error::IvLength`]; [`Error::DataLength`] for CBC data that is not
@@ -138,12 +141,12 @@ impl CipherSession {
     /// engine keeps the buffer until it is done with it. The buffer is then
     /// lost to the caller.
     #[inline]
-    pub fn encrypt<'a, B: Buffer>(&'a self, iv: &'a [u8], buf: B) -> CipherRequest<'a, B> {
+    pub fn encrypt<B: Buffer>(&self, iv: impl IvInput<16>, buf: B) -> CipherRequest<'_, B> {
         CipherRequest(Request::new(
             CipherOp {
                 session: self,
                 encrypt: true,
-                iv,
+                iv: iv.into_block(),
             },
             buf,
         ))
@@ -157,26 +160,24 @@ impl CipherSession {
     /// # Cancel safety
     /// As for [`encrypt`](Self::encrypt).
     #[inline]
-    pub fn decrypt<'a, B: Buffer>(&'a self, iv: &'a [u8], buf: B) -> CipherRequest<'a, B> {
+    pub fn decrypt<B: Buffer>(&self, iv: impl IvInput<16>, buf: B) -> CipherRequest<'_, B> {
         CipherRequest(Request::new(
             CipherOp {
                 session: self,
                 encrypt: false,
-                iv,
+                iv: iv.into_block(),
             },
             buf,
         ))
     }
 
-    fn params(&self, iv: &[u8], len: usize) -> Result<CipherParams, Error> {
+    fn params(&self, iv: Result<[u8; 16], usize>, len: usize) -> Result<CipherParams, Error> {
         let alg: Algorithm = self.alg.into();
-        let Ok(iv) = <[u8; 16]>::try_from(iv) else {
-            return Err(Error::IvLength {
-                alg,
-                len: iv.len(),
-                expected: 16,
-            });
-        };
+        let iv = iv.map_err(|given| Error::IvLength {
+            alg,
+            len: given,
+            expected: 16,
+        })?;
         let rule = match self.alg.mode() {
             CipherMode::Cbc if !len.is_multiple_of(16) => Some(LengthRule::MultipleOfBlock),
             CipherMode::Xts if len < 16 => Some(LengthRule::AtLeastOneBlock),
@@ -233,12 +234,13 @@ impl<B: Buffer> fmt::Debug for CipherRequest<'_, B> {
     }
 }
 
-/// A cipher request: its session, direction and IV.
+/// A cipher request: its session, direction and IV (or the length of the
+/// IV given, if it was not 16 bytes).
 #[derive(Clone, Copy)]
 pub(crate) struct CipherOp<'a> {
     session: &'a CipherSession,
     encrypt: bool,
-    iv: &'a [u8],
+    iv: Result<[u8; 16], usize>,
 }
 
 impl<'a, B: Buffer> Operation<'a, B> for CipherOp<'a> {

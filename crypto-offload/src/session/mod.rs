@@ -14,6 +14,7 @@
 mod aead;
 mod cipher;
 mod crc;
+mod iv;
 mod request;
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub use aead::{AeadSession, Open, Seal, SealDetached, Tag};
 pub use cipher::{CipherRequest, CipherSession};
 pub use crc::{CrcChecksum, CrcSession, CrcUpdate};
+pub use iv::IvInput;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tracing::Instrument;
