@@ -91,7 +91,7 @@ fn session(c: &mut Criterion) {
     pair!(
         g,
         |buf| direct.apply_keystream(&[1; 16], buf).unwrap(),
-        |buf| s.encrypt(&[1; 16], buf).await.unwrap()
+        |buf| s.encrypt([1; 16], buf).await.unwrap()
     );
     g.finish();
 
@@ -99,7 +99,7 @@ fn session(c: &mut Criterion) {
     let direct = fb::Xts::new(&key(64)).unwrap();
     let s = block(offload.cipher(CipherAlg::Aes256Xts, &key(64))).unwrap();
     pair!(g, |buf| direct.encrypt(&[1; 16], buf).unwrap(), |buf| s
-        .encrypt(&[1; 16], buf)
+        .encrypt([1; 16], buf)
         .await
         .unwrap());
     g.finish();
@@ -111,7 +111,7 @@ fn session(c: &mut Criterion) {
         g,
         |buf| direct.seal_in_place_detached(&[2; 12], b"", buf).unwrap(),
         |buf| {
-            let (buf, tag) = s.seal_detached(&[2; 12], b"", buf).await.unwrap();
+            let (buf, tag) = s.seal_detached([2; 12], b"", buf).await.unwrap();
             black_box(tag);
             buf
         }
@@ -148,7 +148,7 @@ fn session(c: &mut Criterion) {
     pair!(
         g,
         |buf| direct.apply_keystream(&[1; 16], buf).unwrap(),
-        |buf| s.encrypt(&[1; 16], buf).await.unwrap()
+        |buf| s.encrypt([1; 16], buf).await.unwrap()
     );
     g.finish();
 }

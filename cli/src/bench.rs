@@ -279,11 +279,11 @@ impl Session {
 
     async fn once(&mut self, buf: Vec<u8>, i: u64) -> Result<Vec<u8>, Error> {
         Ok(match self {
-            Session::Cipher(s) => s.encrypt(&u128::from(i).to_le_bytes(), buf).await?,
+            Session::Cipher(s) => s.encrypt(u128::from(i).to_le_bytes(), buf).await?,
             Session::Aead(s) => {
                 let mut nonce = [0u8; 12];
                 nonce[..8].copy_from_slice(&i.to_le_bytes());
-                s.seal_detached(&nonce, b"", buf).await?.0
+                s.seal_detached(nonce, b"", buf).await?.0
             }
             Session::Crc(s) => s.update(buf).await?,
         })

@@ -60,7 +60,7 @@ async fn omap() -> Result<(), Error> {
         let start = Instant::now();
         let mut buf = vec![0u8; 4096];
         for i in 0..requests {
-            buf = s.encrypt(&(i as u128).to_be_bytes(), buf).await?;
+            buf = s.encrypt((i as u128).to_be_bytes(), buf).await?;
         }
         let secs = start.elapsed().as_secs_f64();
         drop(s);

@@ -34,10 +34,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // CRC-32C of the sector, each handed its buffer and handing it back.
     let key: Vec<u8> = (0..64).collect();
     let disk = offload.cipher(CipherAlg::Aes256Xts, &key).await?;
-    let sector = disk.encrypt(&7u128.to_le_bytes(), vec![0x5a; 4096]).await?;
+    let sector = disk.encrypt(7u128.to_le_bytes(), vec![0x5a; 4096]).await?;
     let gcm = offload.aead(AeadAlg::Aes128Gcm, &key[..16]).await?;
-    let record = gcm.seal(&[1; 12], b"header", b"payload".to_vec()).await?;
-    let payload = gcm.open(&[1; 12], b"header", record).await?;
+    let record = gcm.seal([1; 12], b"header", b"payload".to_vec()).await?;
+    let payload = gcm.open([1; 12], b"header", record).await?;
     assert_eq!(payload, b"payload");
     let crc = offload.crc(CrcAlg::CRC32C).await?;
     let (_sector, crc32c) = crc.checksum(sector).await?;

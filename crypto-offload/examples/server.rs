@@ -92,7 +92,7 @@ async fn serve(
                 let s = session.clone();
                 in_flight.spawn(async move {
                     // A unique nonce a record: never reuse one under a key.
-                    if let Ok(out) = s.seal(&n, b"", job.record).await {
+                    if let Ok(out) = s.seal(n, b"", job.record).await {
                         let _ = job.reply.send((job.id, out)).await;
                     }
                 });

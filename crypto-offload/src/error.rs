@@ -180,9 +180,12 @@ impl Error {
     /// The [`std::io::ErrorKind`] this error maps to in `io::Result` code:
     /// `InvalidInput` for what the caller passed (lengths, a weak key, an
     /// unknown backend name), `InvalidData` for data that does not verify
-    /// (a tag, a CRC), `Unsupported`, and for a backend's failure the kind
-    /// of its OS error where it has one (`TimedOut`, `NotConnected` for a
-    /// device that is gone, `Other` else).
+    /// (a tag, a CRC), `Unsupported`, and for a backend's failure
+    /// `TimedOut`, `NotConnected` (a device that is gone) or `Other`. Never
+    /// the OS error's own kind: an `EINTR` or `EAGAIN` inside a backend is
+    /// not the caller's to retry (`write_all` loops on `Interrupted`), nor
+    /// a driver's `EINVAL` the caller's bad input. The errno stays in the
+    /// error's source chain.
     pub fn io_kind(&self) -> std::io::ErrorKind {
         use std::io::ErrorKind as K;
         match self {
@@ -195,7 +198,8 @@ impl Error {
             Error::Authentication | Error::ChecksumMismatch { .. } => K::InvalidData,
             Error::Unsupported { .. } => K::Unsupported,
             Error::Backend { source, .. } => match source {
-                BackendError::Io { source, .. } => source.kind(),
+                BackendError::Io { source, .. } if source.kind() == K::TimedOut => K::TimedOut,
+                BackendError::Io { .. } => K::Other,
                 BackendError::DeviceGone => K::NotConnected,
                 BackendError::Timeout => K::TimedOut,
                 BackendError::Unsupported(_) => K::Unsupported,

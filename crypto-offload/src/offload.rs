@@ -99,10 +99,28 @@ impl core::fmt::Display for EngineSearch {
 
 /// VFIO devices this process has opened through discovery, so that a
 /// second `Offload::discover` shares them (a VFIO group opens once per
-/// process) instead of listing them as busy.
+/// process) instead of listing them as busy; and the addresses it ever
+/// opened. Behind an async lock held for the whole VFIO part of a
+/// discovery: two discoveries at once would both open each device, and
+/// the loser would find it busy.
 #[cfg(all(feature = "vfio", target_os = "linux"))]
-static VFIO_OPENED: std::sync::Mutex<Vec<std::sync::Weak<crate::vfio::VfioBackend>>> =
-    std::sync::Mutex::new(Vec::new());
+static VFIO_OPENED: tokio::sync::Mutex<VfioOpened> = tokio::sync::Mutex::const_new(VfioOpened {
+    live: Vec::new(),
+    ever: Vec::new(),
+});
+
+#[cfg(all(feature = "vfio", target_os = "linux"))]
+struct VfioOpened {
+    live: Vec<std::sync::Weak<crate::vfio::VfioBackend>>,
+    ever: Vec<String>,
+}
+
+/// How long a device this process opened before may stay busy after its
+/// last `Offload` is gone: its power domain's autosuspend and its session
+/// teardown still hold it ([`crate::engine::AUTOSUSPEND_DELAY`], 1 s), so a
+/// discovery right after waits for it rather than leave it out.
+#[cfg(all(feature = "vfio", target_os = "linux"))]
+const VFIO_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Every compiled-in engine that works here, and what was found per kind.
 async fn discover_engines() -> (Vec<SharedBackend>, Vec<EngineSearch>) {
@@ -134,19 +152,58 @@ async fn discover_engines() -> (Vec<SharedBackend>, Vec<EngineSearch>) {
     #[cfg(all(feature = "vfio", target_os = "linux"))]
     {
         use crate::vfio::VfioBackend;
-        let shared: Vec<Arc<VfioBackend>> = {
-            let mut opened = VFIO_OPENED.lock().unwrap_or_else(|e| e.into_inner());
-            opened.retain(|w| w.strong_count() > 0);
-            opened.iter().filter_map(std::sync::Weak::upgrade).collect()
-        };
+        let mut opened = VFIO_OPENED.lock().await;
+        opened.live.retain(|w| w.strong_count() > 0);
+        // A device reset, removed or broken stays so: it is not handed out
+        // again (a fresh open says why it is unusable).
+        let shared: Vec<Arc<VfioBackend>> = opened
+            .live
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|d| !d.driver_device().is_gone() && !d.driver_device().is_released())
+            .collect();
         let skip: Vec<String> = shared.iter().map(|d| d.address().to_owned()).collect();
-        let outcome = match VfioBackend::discover_each(&skip).await {
+        let mut result = VfioBackend::discover_each(&skip).await;
+        // Devices this process opened before and let go of may still be
+        // held for a moment by their own teardown: wait for them.
+        let deadline = tokio::time::Instant::now() + VFIO_RELEASE_WAIT;
+        while let Ok((devices, left_out)) = &mut result {
+            let busy: Vec<String> = left_out
+                .iter()
+                .filter(|(a, _)| opened.ever.contains(a))
+                .map(|(a, _)| a.clone())
+                .collect();
+            if busy.is_empty() || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let again: Vec<String> = skip
+                .iter()
+                .cloned()
+                .chain(devices.iter().map(|d| d.address().to_owned()))
+                .chain(
+                    left_out
+                        .iter()
+                        .map(|(a, _)| a.clone())
+                        .filter(|a| !busy.contains(a)),
+                )
+                .collect();
+            if let Ok((more, still)) = VfioBackend::discover_each(&again).await {
+                left_out.retain(|(a, _)| !busy.contains(a));
+                left_out.extend(still);
+                devices.extend(more);
+            }
+        }
+        let outcome = match result {
             Ok((devices, left_out)) => {
                 let devices: Vec<Arc<VfioBackend>> = devices.into_iter().map(Arc::new).collect();
-                VFIO_OPENED
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .extend(devices.iter().map(Arc::downgrade));
+                for d in &devices {
+                    opened.live.push(Arc::downgrade(d));
+                    if !opened.ever.iter().any(|a| a == d.address()) {
+                        opened.ever.push(d.address().to_owned());
+                    }
+                }
+                drop(opened);
                 let all: Vec<Arc<VfioBackend>> = shared.into_iter().chain(devices).collect();
                 let backends = all.iter().map(|d| d.name().to_owned()).collect();
                 found.extend(all.into_iter().map(|d| d as SharedBackend));

@@ -590,8 +590,12 @@ pub(crate) fn explain(slots: &Slots, alg: Algorithm, dir: Direction, len: usize)
             let slot = &slots[id];
             let in_flight = slot.model.in_flight.load(Ordering::Relaxed);
             let backend = slot.name().to_owned();
+            // What runs the request is never "excluded" (a pinned session's
+            // request of a shape its engine cannot take runs on the CPU).
             let excluded = match slots.pinned {
-                Some(p) if p != id => Some(format!("sessions are pinned to {}", slots[p].name())),
+                Some(p) if p != id && id != choice => {
+                    Some(format!("sessions are pinned to {}", slots[p].name()))
+                }
                 _ => None,
             };
             let limits = slot.limits(alg).copied().unwrap_or_default();
@@ -623,6 +627,8 @@ pub(crate) fn explain(slots: &Slots, alg: Algorithm, dir: Direction, len: usize)
                     excluded: None,
                     note: Some(if pinned_here {
                         format!("pinned; no predicted cost ({why})")
+                    } else if id.is_cpu() && slots.pinned.is_some() {
+                        "runs it: the pinned backend cannot take this request".to_owned()
                     } else if id.is_cpu() {
                         "always eligible; its cost is not measured (nothing to weigh it against)"
                             .to_owned()

@@ -30,8 +30,10 @@
 //! replayed on the CPU, refused a session for an algorithm it claims, or
 //! served none of the vectors of an algorithm it claims (requests of a
 //! shape outside its [`Limits`](crate::backend::Limits) go to the CPU and
-//! are counted, not failed). The counts are the `Offload`'s: run the
-//! vectors on an `Offload` nothing else uses meanwhile.
+//! are counted, not failed; a request the backend refuses at run time as
+//! `Unsupported` is a failure here: its limits should have said so). The
+//! counts are the `Offload`'s: run the vectors on an `Offload` nothing else
+//! uses meanwhile.
 
 use core::fmt;
 
@@ -163,8 +165,8 @@ pub struct PinnedReport {
     pub failures: u64,
     /// Requests the CPU completed after a backend failed them.
     pub replayed: u64,
-    /// Per algorithm it claims that had vectors: (algorithm, vectors run,
-    /// vectors with at least one request on it).
+    /// Per algorithm it claims that had vectors with data: (algorithm,
+    /// such vectors run, those with any of their bytes on it).
     pub served: Vec<(Algorithm, usize, usize)>,
 }
 
@@ -486,13 +488,15 @@ pub async fn run_vectors(offload: &Offload) -> Report {
             )),
             other => other,
         };
-        if let (Outcome::Pass, true, Some(before), Some(after)) = (
-            &outcome,
-            claimed && !v.case.refused_before_any_request(),
-            before,
-            counts(),
-        ) {
-            let on_it = after.requests > before.requests;
+        // Only vectors with data count towards "served": an engine may
+        // answer an empty request without the device, and a backend whose
+        // limits send every byte to the CPU would still "serve" the empty
+        // ones.
+        let counted = claimed && !v.case.refused_before_any_request() && v.case.has_data();
+        if let (Outcome::Pass, true, Some(before), Some(after)) =
+            (&outcome, counted, before, counts())
+        {
+            let on_it = after.bytes > before.bytes;
             match served.iter_mut().find(|(a, ..)| *a == alg) {
                 Some(e) => {
                     e.1 += 1;
@@ -524,6 +528,7 @@ pub async fn run_vectors(offload: &Offload) -> Report {
 #[derive(Clone, Copy)]
 struct Counts {
     requests: u64,
+    bytes: u64,
     failures: u64,
     replayed: u64,
 }
@@ -538,6 +543,7 @@ impl Counts {
         let cpu = stats(&|b| b.kind == BackendKind::Cpu).unwrap_or_default();
         Counts {
             requests: pinned.requests,
+            bytes: pinned.bytes,
             failures: pinned.failures,
             replayed: cpu.replayed,
         }
@@ -551,6 +557,16 @@ impl Case {
             Case::Cipher { alg, .. } | Case::CbcBadPadding { alg, .. } => Algorithm::Cipher(*alg),
             Case::Aead { alg, .. } => Algorithm::Aead(*alg),
             Case::Crc { alg, .. } => Algorithm::Crc(*alg),
+        }
+    }
+
+    /// Whether the case has any data (plaintext, ciphertext or CRC input).
+    fn has_data(&self) -> bool {
+        match self {
+            Case::Cipher { pt, .. } => !pt.is_empty(),
+            Case::CbcBadPadding { ct, .. } => !ct.is_empty(),
+            Case::Aead { pt, ct, .. } => !pt.is_empty() || !ct.is_empty(),
+            Case::Crc { input, .. } => !input.is_empty(),
         }
     }
 

@@ -6,7 +6,7 @@
 //! virtio-crypto device): every kernel driver that runs one of this crate's
 //! algorithms passes the known-answer harness by driver name, with no
 //! request replayed on the CPU, and discovery finds the virtio engine.
-#![cfg(feature = "af-alg")]
+#![cfg(all(feature = "af-alg", target_os = "linux"))]
 
 use std::sync::Arc;
 
@@ -193,7 +193,7 @@ async fn requests_through_offload_dropped_at_random_points_lose_nothing() {
                             .unwrap();
                         match next(&mut rng) % 3 {
                             0 => {
-                                let f = s.encrypt(&iv, plain);
+                                let f = s.encrypt(iv, plain);
                                 let mut f = std::pin::pin!(f);
                                 let waker = std::task::Waker::noop();
                                 let _ = std::future::Future::poll(
@@ -204,7 +204,7 @@ async fn requests_through_offload_dropped_at_random_points_lose_nothing() {
                             }
                             1 => {
                                 let wait = std::time::Duration::from_micros(next(&mut rng) % 3000);
-                                match tokio::time::timeout(wait, s.encrypt(&iv, plain)).await {
+                                match tokio::time::timeout(wait, s.encrypt(iv, plain)).await {
                                     Err(_) => dropped += 1,
                                     Ok(got) => {
                                         assert!(got.unwrap() == want, "{mechanism:?} {t}/{i}");
@@ -213,7 +213,7 @@ async fn requests_through_offload_dropped_at_random_points_lose_nothing() {
                                 }
                             }
                             _ => {
-                                let got = s.encrypt(&iv, plain).await.unwrap();
+                                let got = s.encrypt(iv, plain).await.unwrap();
                                 assert!(got == want, "{mechanism:?} {t}/{i}");
                                 completed += 1;
                             }
@@ -236,7 +236,7 @@ async fn requests_through_offload_dropped_at_random_points_lose_nothing() {
             .unwrap()
             .encrypt(&[6; 16], &mut want)
             .unwrap();
-        assert!(s.encrypt(&[6; 16], vec![5u8; 2048]).await.unwrap() == want);
+        assert!(s.encrypt([6; 16], vec![5u8; 2048]).await.unwrap() == want);
         let stats = offload
             .backends()
             .into_iter()
@@ -272,7 +272,7 @@ async fn sixty_four_requests_in_flight_through_sessions() {
         tasks.push(tokio::spawn(async move {
             let iv = [i as u8; 16];
             let plain = vec![i as u8; 64 * (1 + i % 16)];
-            let got = s.encrypt(&iv, plain.clone()).await.unwrap();
+            let got = s.encrypt(iv, plain.clone()).await.unwrap();
             let mut want = plain;
             crypto_offload_fallback::Cbc::new(&key)
                 .unwrap()
@@ -329,7 +329,7 @@ async fn a_session_holds_the_engines_runtime_pm_and_its_drop_releases_it() {
         .unwrap();
     let mut buf = vec![0u8; 4096];
     for i in 0..200u128 {
-        buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
+        buf = s.encrypt(i.to_le_bytes(), buf).await.unwrap();
     }
     assert_eq!(control().trim(), "on");
     assert_eq!((stats().resumes, stats().suspends), (1, 0));

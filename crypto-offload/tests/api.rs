@@ -41,17 +41,14 @@ async fn request_futures_are_send() {
     fn is_send<F: std::future::Future + Send>(f: F) -> F {
         f
     }
-    is_send(s.encrypt(&[0; 16], vec![1u8; 8])).await.unwrap();
-    is_send(g.seal(&[0; 12], b"", BytesMut::from(&b"x"[..])))
+    is_send(s.encrypt([0; 16], vec![1u8; 8])).await.unwrap();
+    is_send(g.seal([0; 12], b"", BytesMut::from(&b"x"[..])))
         .await
         .unwrap();
     is_send(c.update(vec![0u8; 3])).await.unwrap();
     // A session moved into a spawned task keeps working.
-    let handle = tokio::spawn(async move {
-        s.encrypt(&[0; 16], vec![0u8; 32])
-            .await
-            .map_err(Error::from)
-    });
+    let handle =
+        tokio::spawn(async move { s.encrypt([0; 16], vec![0u8; 32]).await.map_err(Error::from) });
     assert_eq!(handle.await.unwrap().unwrap().len(), 32);
 }
 
@@ -69,9 +66,9 @@ async fn one_session_serves_many_concurrent_requests() {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
             let pt = vec![i as u8; 4096];
-            let ct = s.encrypt(&i.to_le_bytes(), pt.clone()).await.unwrap();
+            let ct = s.encrypt(i.to_le_bytes(), pt.clone()).await.unwrap();
             assert_ne!(ct, pt);
-            let back = s.decrypt(&i.to_le_bytes(), ct).await.unwrap();
+            let back = s.decrypt(i.to_le_bytes(), ct).await.unwrap();
             assert_eq!(back, pt);
         }));
     }
@@ -94,12 +91,12 @@ async fn xts_data_units_use_consecutive_tweaks() {
     let pt: Vec<u8> = (0..8 * 512).map(|i| i as u8).collect();
     let first = u128::MAX - 2; // wraps after 3 units
     let got = whole
-        .encrypt(&first.to_le_bytes(), pt.clone())
+        .encrypt(first.to_le_bytes(), pt.clone())
         .await
         .unwrap();
     for (i, unit) in pt.chunks(512).enumerate() {
         let tweak = first.wrapping_add(i as u128).to_le_bytes();
-        let want = single.encrypt(&tweak, unit.to_vec()).await.unwrap();
+        let want = single.encrypt(tweak, unit.to_vec()).await.unwrap();
         assert_eq!(got[i * 512..(i + 1) * 512], want[..], "unit {i}");
     }
 }
@@ -108,26 +105,26 @@ async fn xts_data_units_use_consecutive_tweaks() {
 async fn aad_only_and_empty_messages_work() {
     let offload = Offload::discover().await.unwrap();
     let g = offload.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
-    let sealed = g.seal(&[0; 12], b"only aad", Vec::new()).await.unwrap();
+    let sealed = g.seal([0; 12], b"only aad", Vec::new()).await.unwrap();
     assert_eq!(sealed.len(), 16);
     assert!(
-        g.open(&[0; 12], b"only aad", sealed.clone())
+        g.open([0; 12], b"only aad", sealed.clone())
             .await
             .unwrap()
             .is_empty()
     );
-    assert!(g.open(&[0; 12], b"other aad", sealed).await.is_err());
+    assert!(g.open([0; 12], b"other aad", sealed).await.is_err());
     let ctr = offload
         .cipher(CipherAlg::Aes128Ctr, &key(16))
         .await
         .unwrap();
-    assert!(ctr.encrypt(&[0; 16], Vec::new()).await.unwrap().is_empty());
+    assert!(ctr.encrypt([0; 16], Vec::new()).await.unwrap().is_empty());
     let cbc = offload
         .cipher(CipherAlg::Aes128Cbc, &key(16))
         .await
         .unwrap();
     assert!(
-        cbc.encrypt(&[0; 16], BytesMut::new())
+        cbc.encrypt([0; 16], BytesMut::new())
             .await
             .unwrap()
             .is_empty()
@@ -138,7 +135,7 @@ async fn aad_only_and_empty_messages_work() {
 async fn request_errors_convert_for_question_mark_and_hide_the_buffer() {
     async fn use_it(offload: &Offload) -> Result<Vec<u8>, Error> {
         let s = offload.cipher(CipherAlg::Aes128Cbc, &[0u8; 16]).await?;
-        Ok(s.encrypt(&[0; 16], b"secret plaintext!".to_vec()).await?)
+        Ok(s.encrypt([0; 16], b"secret plaintext!".to_vec()).await?)
     }
     let offload = Offload::discover().await.unwrap();
     let e = use_it(&offload).await.unwrap_err();
@@ -149,7 +146,7 @@ async fn request_errors_convert_for_question_mark_and_hide_the_buffer() {
         .await
         .unwrap();
     let re = s
-        .encrypt(&[0; 16], b"secret plaintext!".to_vec())
+        .encrypt([0; 16], b"secret plaintext!".to_vec())
         .await
         .unwrap_err();
     let shown = format!("{re:?} {re}");
@@ -302,14 +299,14 @@ async fn requests_a_backend_fails_complete_on_the_cpu_with_the_same_result() {
         let pt: Vec<u8> = (0..(16 + i as usize * 37))
             .map(|j| (j as u128 ^ i) as u8)
             .collect();
-        let x = a.encrypt(&i.to_le_bytes(), pt.clone()).await.unwrap();
-        let y = b.encrypt(&i.to_le_bytes(), pt.clone()).await.unwrap();
+        let x = a.encrypt(i.to_le_bytes(), pt.clone()).await.unwrap();
+        let y = b.encrypt(i.to_le_bytes(), pt.clone()).await.unwrap();
         assert_eq!(x, y, "request {i}");
-        assert_eq!(a.decrypt(&i.to_le_bytes(), x).await.unwrap(), pt);
+        assert_eq!(a.decrypt(i.to_le_bytes(), x).await.unwrap(), pt);
         let nonce = [i as u8; 12];
-        let s1 = g.seal(&nonce, b"h", pt.clone()).await.unwrap();
-        assert_eq!(s1, h.seal(&nonce, b"h", pt.clone()).await.unwrap());
-        assert_eq!(g.open(&nonce, b"h", s1).await.unwrap(), pt);
+        let s1 = g.seal(nonce, b"h", pt.clone()).await.unwrap();
+        assert_eq!(s1, h.seal(nonce, b"h", pt.clone()).await.unwrap());
+        assert_eq!(g.open(nonce, b"h", s1).await.unwrap(), pt);
         c.update(pt.clone()).await.unwrap();
         d.update(pt).await.unwrap();
         assert_eq!(c.finalize(), d.finalize());
@@ -339,8 +336,8 @@ async fn a_request_shape_a_backend_refuses_replays_without_opening_its_breaker()
     let b = cpu.cipher(CipherAlg::Aes128Ctr, &key(16)).await.unwrap();
     for i in 0..10u128 {
         let pt = vec![i as u8; 100];
-        let x = a.encrypt(&i.to_le_bytes(), pt.clone()).await.unwrap();
-        assert_eq!(x, b.encrypt(&i.to_le_bytes(), pt).await.unwrap());
+        let x = a.encrypt(i.to_le_bytes(), pt.clone()).await.unwrap();
+        assert_eq!(x, b.encrypt(i.to_le_bytes(), pt).await.unwrap());
     }
     let stats = offload.backends()[1].stats;
     assert_eq!(stats.failures, 5);
@@ -405,7 +402,7 @@ parallelism = 1
     assert_eq!(sectors.backend_for(enc, 65536), "cpu");
     // And the request itself goes where backend_for says.
     let pt = vec![7u8; 65536];
-    let got = sectors.encrypt(&[0; 16], pt.clone()).await.unwrap();
+    let got = sectors.encrypt([0; 16], pt.clone()).await.unwrap();
     let cpu = Offload::discover().await.unwrap();
     let reference = cpu
         .cipher(CipherAlg::Aes256Xts, &key(64))
@@ -413,7 +410,7 @@ parallelism = 1
         .unwrap()
         .with_data_unit(512)
         .unwrap();
-    assert_eq!(got, reference.encrypt(&[0; 16], pt).await.unwrap());
+    assert_eq!(got, reference.encrypt([0; 16], pt).await.unwrap());
     assert_eq!(offload.backends()[1].stats.requests, 0);
 }
 
@@ -445,13 +442,13 @@ async fn lengths_an_engine_cannot_take_go_to_the_cpu_not_to_a_failure() {
         blocks.excluded.as_deref(),
         Some("takes only multiples of 16 bytes")
     );
-    let sealed = xts.encrypt(&[1; 16], vec![5u8; 4100]).await.unwrap();
+    let sealed = xts.encrypt([1; 16], vec![5u8; 4100]).await.unwrap();
     let cpu = Offload::discover().await.unwrap();
     let want = cpu
         .cipher(CipherAlg::Aes256Xts, &key(64))
         .await
         .unwrap()
-        .encrypt(&[1; 16], vec![5u8; 4100])
+        .encrypt([1; 16], vec![5u8; 4100])
         .await
         .unwrap();
     assert_eq!(sealed, want);
@@ -535,7 +532,7 @@ async fn the_cpu_choice_is_measured_saved_and_loaded_with_the_profile() {
         let mut sealed = Vec::new();
         for o in [&measured, &loaded, &forced] {
             let s = o.aead(AeadAlg::Aes256Gcm, &k).await.unwrap();
-            sealed.push(s.seal(&[9; 12], b"aad", vec![7u8; len]).await.unwrap());
+            sealed.push(s.seal([9; 12], b"aad", vec![7u8; len]).await.unwrap());
         }
         assert!(sealed.windows(2).all(|w| w[0] == w[1]), "len {len}");
     }
@@ -544,7 +541,7 @@ async fn the_cpu_choice_is_measured_saved_and_loaded_with_the_profile() {
         let mut sealed = Vec::new();
         for o in [&measured, &loaded, &forced] {
             let s = o.cipher(CipherAlg::Aes256Xts, &k).await.unwrap();
-            sealed.push(s.encrypt(&[3; 16], vec![7u8; len]).await.unwrap());
+            sealed.push(s.encrypt([3; 16], vec![7u8; len]).await.unwrap());
         }
         assert!(sealed.windows(2).all(|w| w[0] == w[1]), "XTS len {len}");
     }
@@ -560,7 +557,7 @@ async fn errors_convert_into_io_errors_with_their_kind() {
         Ok(offload.cipher(CipherAlg::Aes128Cbc, key).await?)
     }
     async fn open_sealed(s: &AeadSession, msg: Vec<u8>) -> std::io::Result<Vec<u8>> {
-        Ok(s.open(&[0; 12], b"", msg).await?)
+        Ok(s.open([0; 12], b"", msg).await?)
     }
 
     let offload = Offload::discover().await.unwrap();
@@ -573,7 +570,7 @@ async fn errors_convert_into_io_errors_with_their_kind() {
     );
 
     let s = offload.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
-    let mut sealed = s.seal(&[0; 12], b"", vec![7u8; 40]).await.unwrap();
+    let mut sealed = s.seal([0; 12], b"", vec![7u8; 40]).await.unwrap();
     sealed[3] ^= 1;
     let e = open_sealed(&s, sealed).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidData);
@@ -587,10 +584,40 @@ async fn errors_convert_into_io_errors_with_their_kind() {
     assert_eq!(e.kind(), ErrorKind::InvalidData);
     let e: std::io::Error = Error::UnknownBackend("x".into()).into();
     assert_eq!(e.kind(), ErrorKind::InvalidInput);
+
+    // A backend's OS error is not the caller's: EINTR inside a driver must
+    // not read as `Interrupted` (which `write_all` retries), nor a driver's
+    // EINVAL as the caller's bad input; the errno stays in the chain.
+    use crypto_offload::backend::BackendError;
+    for (errno, kind) in [
+        (4, ErrorKind::Other),  // EINTR
+        (11, ErrorKind::Other), // EAGAIN
+        (22, ErrorKind::Other), // EINVAL
+        (110, ErrorKind::TimedOut),
+    ] {
+        let e: std::io::Error = Error::Backend {
+            backend: "engine".into(),
+            source: BackendError::Io {
+                op: "sendmsg",
+                source: std::io::Error::from_raw_os_error(errno),
+            },
+        }
+        .into();
+        assert_eq!(e.kind(), kind, "errno {errno}");
+        let mut source: Option<&dyn std::error::Error> = Some(&e);
+        let mut found = None;
+        while let Some(s) = source {
+            if let Some(io) = s.downcast_ref::<std::io::Error>() {
+                found = found.or(io.raw_os_error());
+            }
+            source = s.source();
+        }
+        assert_eq!(found, Some(errno), "the errno is kept");
+    }
 }
 
 /// `discover()?` works where errors are boxed: `Unavailable` is an error.
-#[cfg(feature = "af-alg")]
+#[cfg(all(feature = "af-alg", target_os = "linux"))]
 #[test]
 fn engine_discovery_errors_are_errors() {
     fn discover() -> Result<usize, Box<dyn std::error::Error>> {
@@ -631,6 +658,30 @@ async fn explain_never_calls_the_chosen_backend_excluded() {
     assert_eq!(
         cpu.excluded.as_deref(),
         Some("sessions are pinned to engine"),
+        "{e}"
+    );
+
+    // Pinned, but the request is larger than the engine takes: the CPU
+    // runs it, and is not "excluded" for the pin.
+    let small = Offload::builder()
+        .backend(common::Engine::new("small").at_most(1024).shared())
+        .pin("small")
+        .build()
+        .unwrap();
+    let e = small.explain(CipherAlg::Aes128Cbc, Direction::Encrypt, 4096);
+    assert_eq!(e.choice, "cpu", "{e}");
+    let cpu = e.candidates.iter().find(|c| c.backend == "cpu").unwrap();
+    assert_eq!(cpu.excluded, None, "{e}");
+    assert!(
+        cpu.note
+            .as_deref()
+            .unwrap()
+            .contains("pinned backend cannot take"),
+        "{e}"
+    );
+    let engine = e.candidates.iter().find(|c| c.backend == "small").unwrap();
+    assert!(
+        engine.excluded.as_deref().unwrap().contains("at most 1024"),
         "{e}"
     );
 }
@@ -712,8 +763,16 @@ async fn discovery_says_what_it_looked_for_and_what_joined() {
         ["AF_ALG", "VFIO"]
     );
     for (search, kind, compiled) in [
-        (&d[0], BackendKind::Kernel, cfg!(feature = "af-alg")),
-        (&d[1], BackendKind::Device, cfg!(feature = "vfio")),
+        (
+            &d[0],
+            BackendKind::Kernel,
+            cfg!(all(feature = "af-alg", target_os = "linux")),
+        ),
+        (
+            &d[1],
+            BackendKind::Device,
+            cfg!(all(feature = "vfio", target_os = "linux")),
+        ),
     ] {
         let joined: Vec<String> = offload
             .backends()

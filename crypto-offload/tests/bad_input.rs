@@ -220,9 +220,9 @@ async fn cipher_requests_of_every_bad_shape_in_both_directions() {
                         // CPU, never fails).
                         None => {
                             let want = if encrypt {
-                                cpu.encrypt(&[3; 16], sent).await
+                                cpu.encrypt([3; 16], sent).await
                             } else {
-                                cpu.decrypt(&[3; 16], sent).await
+                                cpu.decrypt([3; 16], sent).await
                             };
                             let got = r.map_err(|e| Error::from(e).to_string());
                             let want = want.map_err(|e| Error::from(e).to_string());
@@ -237,7 +237,7 @@ async fn cipher_requests_of_every_bad_shape_in_both_directions() {
             if mode == CipherMode::Xts {
                 let units = units.unwrap();
                 let sent = data(600);
-                let r = units.encrypt(&[0; 16], sent.clone()).await;
+                let r = units.encrypt([0; 16], sent.clone()).await;
                 t.refused(
                     format!("{target} {alg} 600 bytes in 512-byte units"),
                     r,
@@ -281,7 +281,7 @@ async fn aead_nonces_tags_tampering_and_aad_only_messages() {
             let cpu = reference.aead(alg, &k).await.unwrap();
             let pt = data(100);
             let (ct, tag) = cpu
-                .seal_detached(&[1; 12], b"aad", pt.clone())
+                .seal_detached([1; 12], b"aad", pt.clone())
                 .await
                 .unwrap();
             let combined = [ct.clone(), tag.to_vec()].concat();
@@ -311,7 +311,7 @@ async fn aead_nonces_tags_tampering_and_aad_only_messages() {
             // none.
             for n in [0usize, 15, 17] {
                 let r = g
-                    .open_detached(&[1; 12], b"aad", ct.clone(), &vec![0; n])
+                    .open_detached([1; 12], b"aad", ct.clone(), &vec![0; n])
                     .await;
                 t.refused(
                     format!("{target} {alg} tag of {n} bytes"),
@@ -322,7 +322,7 @@ async fn aead_nonces_tags_tampering_and_aad_only_messages() {
             }
             for n in [0usize, 15] {
                 let short = data(n);
-                let r = g.open(&[1; 12], b"aad", short.clone()).await;
+                let r = g.open([1; 12], b"aad", short.clone()).await;
                 t.refused(
                     format!("{target} {alg} open of {n} bytes"),
                     r,
@@ -337,23 +337,19 @@ async fn aead_nonces_tags_tampering_and_aad_only_messages() {
             bad_ct[40] ^= 1;
             let len = ct.len();
             let what = |f: &str| format!("{target} {alg} {f}");
-            let r = g
-                .open_detached(&[1; 12], b"aad", ct.clone(), &bad_tag)
-                .await;
+            let r = g.open_detached([1; 12], b"aad", ct.clone(), &bad_tag).await;
             t.unauthentic(what("flipped tag bit"), r, len);
-            let r = g
-                .open_detached(&[1; 12], b"aad", bad_ct.clone(), &tag)
-                .await;
+            let r = g.open_detached([1; 12], b"aad", bad_ct.clone(), &tag).await;
             t.unauthentic(what("flipped ciphertext bit"), r, len);
-            let r = g.open_detached(&[1; 12], b"aaD", ct.clone(), &tag).await;
+            let r = g.open_detached([1; 12], b"aaD", ct.clone(), &tag).await;
             t.unauthentic(what("other AAD"), r, len);
-            let r = g.open_detached(&[2; 12], b"aad", ct.clone(), &tag).await;
+            let r = g.open_detached([2; 12], b"aad", ct.clone(), &tag).await;
             t.unauthentic(what("other nonce"), r, len);
             let r = g
-                .open_detached(&[1; 12], b"aad", ct[..len - 1].to_vec(), &tag)
+                .open_detached([1; 12], b"aad", ct[..len - 1].to_vec(), &tag)
                 .await;
             t.unauthentic(what("truncated ciphertext"), r, len - 1);
-            let r = g.open(&[1; 12], b"aad", combined[1..].to_vec()).await;
+            let r = g.open([1; 12], b"aad", combined[1..].to_vec()).await;
             t.unauthentic(what("combined, first byte cut"), r, len - 1);
             // Documented successes: AAD only, nothing at all, and a message
             // above the engine's maximum (it runs on the CPU).
@@ -363,26 +359,26 @@ async fn aead_nonces_tags_tampering_and_aad_only_messages() {
                 (b"h", 2 * ENGINE_MAX + 3),
             ] {
                 let pt = data(len);
-                let sealed = g.seal(&[4; 12], aad, pt.clone()).await.map_err(Error::from);
+                let sealed = g.seal([4; 12], aad, pt.clone()).await.map_err(Error::from);
                 let want = cpu
-                    .seal(&[4; 12], aad, pt.clone())
+                    .seal([4; 12], aad, pt.clone())
                     .await
                     .map_err(Error::from);
                 let what = format!("{target} {alg} seal {len} bytes, {} of AAD", aad.len());
                 let same = matches!((&sealed, &want), (Ok(a), Ok(b)) if a == b);
                 t.row(&what, same, format!("{:?}", sealed.as_ref().map(Vec::len)));
                 if let Ok(sealed) = sealed {
-                    let opened = g.open(&[4; 12], aad, sealed).await.map_err(Error::from);
+                    let opened = g.open([4; 12], aad, sealed).await.map_err(Error::from);
                     let ok = matches!(&opened, Ok(o) if *o == pt);
                     t.row(format!("{what}, opened"), ok, ok_or_err(opened));
                 }
                 // The same, detached.
                 let sealed = g
-                    .seal_detached(&[4; 12], aad, pt.clone())
+                    .seal_detached([4; 12], aad, pt.clone())
                     .await
                     .map_err(Error::from);
                 let want = cpu
-                    .seal_detached(&[4; 12], aad, pt.clone())
+                    .seal_detached([4; 12], aad, pt.clone())
                     .await
                     .map_err(Error::from);
                 let same = matches!((&sealed, &want), (Ok(a), Ok(b)) if a == b);
@@ -394,7 +390,7 @@ async fn aead_nonces_tags_tampering_and_aad_only_messages() {
                 );
                 if let Ok((ct, tag)) = sealed {
                     let opened = g
-                        .open_detached(&[4; 12], aad, ct, &tag)
+                        .open_detached([4; 12], aad, ct, &tag)
                         .await
                         .map_err(Error::from);
                     let ok = matches!(&opened, Ok(o) if *o == pt);
@@ -569,8 +565,8 @@ async fn selector_queries_and_builder_settings_at_their_extremes() {
         .await
         .unwrap();
     let big = data(1 << 20);
-    let got = s.encrypt(&[3; 16], big.clone()).await.map_err(Error::from);
-    let want = cpu.encrypt(&[3; 16], big).await.unwrap();
+    let got = s.encrypt([3; 16], big.clone()).await.map_err(Error::from);
+    let want = cpu.encrypt([3; 16], big).await.unwrap();
     let ok = matches!(&got, Ok(g) if *g == want);
     t.row(
         "cores(0): a 1 MiB request",

@@ -194,7 +194,7 @@ async fn cpu_cbc(iv: [u8; 16], data: Vec<u8>) -> Vec<u8> {
     cpu.cipher(CBC, &KEY)
         .await
         .unwrap()
-        .encrypt(&iv, data)
+        .encrypt(iv, data)
         .await
         .unwrap()
 }
@@ -208,13 +208,13 @@ async fn a_buffer_from_the_pinned_engine_runs_there_in_place() {
     assert_eq!(buf.device_owner(), Some("lender"));
     assert!(buf.iter().all(|&b| b == 0), "zeros");
     buf.fill(7);
-    let buf = session.encrypt(&[1; 16], buf).await.unwrap();
+    let buf = session.encrypt([1; 16], buf).await.unwrap();
     assert!(buf.is_device_memory(), "still the engine's memory");
     assert!(buf[..] == cpu_cbc([1; 16], vec![7; 4096]).await[..]);
     assert_eq!(lender.in_place.load(Ordering::Relaxed), 1);
     assert_eq!(lender.copied.load(Ordering::Relaxed), 0);
     // Ordinary memory to the same engine: not in place.
-    let v = session.encrypt(&[1; 16], vec![7; 4096]).await.unwrap();
+    let v = session.encrypt([1; 16], vec![7; 4096]).await.unwrap();
     assert_eq!(lender.copied.load(Ordering::Relaxed), 1);
     assert!(v[..] == buf[..]);
     // Its Debug shows no bytes.
@@ -233,14 +233,14 @@ async fn without_a_lending_engine_a_buffer_is_ordinary_memory_and_the_cpu_works_
     assert!(!buf.is_device_memory());
     buf.fill(3);
     let session = cpu_only.cipher(CBC, &KEY).await.unwrap();
-    let buf = session.encrypt(&[2; 16], buf).await.unwrap();
+    let buf = session.encrypt([2; 16], buf).await.unwrap();
     assert!(buf[..] == cpu_cbc([2; 16], vec![3; 64]).await[..]);
     // Engine memory on the CPU (a session of another Offload): in place,
     // still the engine's.
     let lender = Lender::new("lender");
     let mut lent = pinned(&lender).buffer(64);
     lent.fill(3);
-    let lent = session.encrypt(&[2; 16], lent).await.unwrap();
+    let lent = session.encrypt([2; 16], lent).await.unwrap();
     assert!(lent.is_device_memory());
     assert!(lent[..] == buf[..]);
     assert_eq!(lent.into_vec(), buf.into_vec());
@@ -254,20 +254,20 @@ async fn an_aead_tag_fits_in_the_buffers_capacity_and_open_takes_it_off() {
     let gcm = cpu.aead(AeadAlg::Aes128Gcm, &KEY).await.unwrap();
     let mut buf = offload.buffer(100);
     buf.fill(9);
-    let sealed = gcm.seal(&[4; 12], b"aad", buf).await.unwrap();
+    let sealed = gcm.seal([4; 12], b"aad", buf).await.unwrap();
     assert_eq!(sealed.len(), 116);
     assert!(sealed.is_device_memory(), "the tag fit in the capacity");
-    let want = gcm.seal(&[4; 12], b"aad", vec![9u8; 100]).await.unwrap();
+    let want = gcm.seal([4; 12], b"aad", vec![9u8; 100]).await.unwrap();
     assert!(sealed[..] == want[..]);
-    let opened = gcm.open(&[4; 12], b"aad", sealed).await.unwrap();
+    let opened = gcm.open([4; 12], b"aad", sealed).await.unwrap();
     assert!(opened[..] == [9u8; 100][..]);
     assert!(opened.is_device_memory());
     // A tag past the capacity: the bytes move to ordinary memory, intact.
     let mut full = offload.buffer(100);
     assert!(full.is_device_memory());
     full.fill(9);
-    let sealed = gcm.seal(&[4; 12], b"aad", full).await.unwrap();
-    let sealed = gcm.seal(&[4; 12], b"", sealed).await.unwrap();
+    let sealed = gcm.seal([4; 12], b"aad", full).await.unwrap();
+    let sealed = gcm.seal([4; 12], b"", sealed).await.unwrap();
     assert_eq!(sealed.len(), 132);
     assert!(!sealed.is_device_memory(), "past the capacity: moved");
 }
@@ -280,7 +280,7 @@ async fn a_failure_that_keeps_the_buffer_is_replayed_and_one_that_loses_it_is_an
     lender.set(Mode::FailKeeping);
     let mut buf = offload.buffer(64);
     buf.fill(5);
-    let got = session.encrypt(&[6; 16], buf).await.unwrap();
+    let got = session.encrypt([6; 16], buf).await.unwrap();
     assert!(
         got[..] == cpu_cbc([6; 16], vec![5; 64]).await[..],
         "replayed right"
@@ -292,7 +292,7 @@ async fn a_failure_that_keeps_the_buffer_is_replayed_and_one_that_loses_it_is_an
     lender.set(Mode::FailLosing);
     let mut buf = offload.buffer(64);
     buf.fill(5);
-    match session.encrypt(&[6; 16], buf).await {
+    match session.encrypt([6; 16], buf).await {
         Err(e) => assert!(
             matches!(e.error(), Error::Backend { backend, .. } if backend == "lender"),
             "{e}"
@@ -329,7 +329,7 @@ fn engine_request_overhead() {
                     tokio::task::spawn_local(async move {
                         let mut buf = vec![0u8; 64];
                         for _ in 0..20_000 {
-                            buf = s.encrypt(&[0; 16], buf).await.unwrap();
+                            buf = s.encrypt([0; 16], buf).await.unwrap();
                         }
                     })
                 })

@@ -124,16 +124,16 @@ async fn request(s: &Sessions, reference: &Sessions, n: usize, pool: &[u8]) -> (
     let (nonce, aad) = iv.split_at(12);
     match n % 5 {
         0 => (
-            s.ctr.encrypt(&iv, data.clone()).await.unwrap(),
-            reference.ctr.encrypt(&iv, data).await.unwrap(),
+            s.ctr.encrypt(iv, data.clone()).await.unwrap(),
+            reference.ctr.encrypt(iv, data).await.unwrap(),
         ),
         1 => (
-            s.ctr.decrypt(&iv, data.clone()).await.unwrap(),
-            reference.ctr.decrypt(&iv, data).await.unwrap(),
+            s.ctr.decrypt(iv, data.clone()).await.unwrap(),
+            reference.ctr.decrypt(iv, data).await.unwrap(),
         ),
         2 => (
-            s.xts.encrypt(&iv, data.clone()).await.unwrap(),
-            reference.xts.encrypt(&iv, data).await.unwrap(),
+            s.xts.encrypt(iv, data.clone()).await.unwrap(),
+            reference.xts.encrypt(iv, data).await.unwrap(),
         ),
         3 => (
             s.gcm.seal(nonce, aad, data.clone()).await.unwrap(),
@@ -473,14 +473,14 @@ async fn back_off(probe: Duration, interval: Duration) {
         .await
         .unwrap();
     let data = vec![0x3c; 4096];
-    let want = reference.encrypt(&[7; 16], data.clone()).await.unwrap();
+    let want = reference.encrypt([7; 16], data.clone()).await.unwrap();
     let breaker = || offload.backends()[1].clone();
 
     for (episode, back_after, closes_after) in [(1, 20, 31), (2, 70, 95)] {
         flap.set_gone(true);
         // The request fails on the engine, opens its breaker and completes
         // on the CPU.
-        let got = session.encrypt(&[7; 16], data.clone()).await.unwrap();
+        let got = session.encrypt([7; 16], data.clone()).await.unwrap();
         assert_eq!(got, want);
         let tripped = Instant::now();
         let b = breaker();

@@ -36,7 +36,7 @@ async fn split_cpu_requests_match_the_fallback() {
                 .apply_keystream(&iv, &mut want)
                 .unwrap();
             assert_eq!(
-                ctr.encrypt(&iv, pt.clone()).await.unwrap(),
+                ctr.encrypt(iv, pt.clone()).await.unwrap(),
                 want,
                 "ctr {len} {cores}"
             );
@@ -46,7 +46,7 @@ async fn split_cpu_requests_match_the_fallback() {
                 .await
                 .unwrap();
             let blocks = len / 16 * 16;
-            let ct = cbc.encrypt(&iv, pt[..blocks].to_vec()).await.unwrap();
+            let ct = cbc.encrypt(iv, pt[..blocks].to_vec()).await.unwrap();
             let mut want = ct.clone();
             fb::Cbc::new(&key(32))
                 .unwrap()
@@ -54,7 +54,7 @@ async fn split_cpu_requests_match_the_fallback() {
                 .unwrap();
             assert_eq!(want, pt[..blocks], "cbc reference");
             assert_eq!(
-                cbc.decrypt(&iv, ct).await.unwrap(),
+                cbc.decrypt(iv, ct).await.unwrap(),
                 pt[..blocks],
                 "cbc {len} {cores}"
             );
@@ -72,12 +72,12 @@ async fn split_cpu_requests_match_the_fallback() {
                 .unwrap()
                 .encrypt_units(&first, 4096, &mut want)
                 .unwrap();
-            let ct = xts.encrypt(&first, pt[..units].to_vec()).await.unwrap();
+            let ct = xts.encrypt(first, pt[..units].to_vec()).await.unwrap();
             assert_eq!(ct, want, "xts {len} {cores}");
-            assert_eq!(xts.decrypt(&first, ct).await.unwrap(), pt[..units]);
+            assert_eq!(xts.decrypt(first, ct).await.unwrap(), pt[..units]);
 
             let gcm = offload.aead(AeadAlg::Aes256Gcm, &key(32)).await.unwrap();
-            let sealed = gcm.seal(&[4; 12], b"aad", pt.clone()).await.unwrap();
+            let sealed = gcm.seal([4; 12], b"aad", pt.clone()).await.unwrap();
             let mut want = pt.clone();
             let tag = fb::Gcm::new(&key(32))
                 .unwrap()
@@ -85,7 +85,7 @@ async fn split_cpu_requests_match_the_fallback() {
                 .unwrap();
             want.extend_from_slice(&tag);
             assert_eq!(sealed, want, "gcm {len}");
-            assert_eq!(gcm.open(&[4; 12], b"aad", sealed).await.unwrap(), pt);
+            assert_eq!(gcm.open([4; 12], b"aad", sealed).await.unwrap(), pt);
 
             for alg in CrcAlg::ALL {
                 let mut crc = offload.crc(alg).await.unwrap();
@@ -110,7 +110,7 @@ fn large_requests_outside_a_runtime_run_inline() {
             .cipher(CipherAlg::Aes128Ctr, &key(16))
             .await
             .unwrap();
-        s.encrypt(&[0; 16], pt.clone()).await.unwrap()
+        s.encrypt([0; 16], pt.clone()).await.unwrap()
     });
     let mut want = pt;
     fb::Ctr::new(&key(16))
@@ -135,20 +135,20 @@ async fn gcm_split_over_cores_matches_the_fallback_and_still_authenticates() {
         let offload = Offload::builder().cores(cores).build().unwrap();
         let gcm = offload.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
         let (ct, got) = gcm
-            .seal_detached(&[9; 12], b"header", pt.clone())
+            .seal_detached([9; 12], b"header", pt.clone())
             .await
             .unwrap();
         assert_eq!(got, tag, "tag, {cores} cores");
         assert!(ct == want, "ciphertext, {cores} cores");
         let back = gcm
-            .open_detached(&[9; 12], b"header", ct.clone(), &tag)
+            .open_detached([9; 12], b"header", ct.clone(), &tag)
             .await
             .unwrap();
         assert!(back == pt, "open, {cores} cores");
         let mut bad = ct;
         bad[len / 2] ^= 1;
         let (e, buf) = gcm
-            .open_detached(&[9; 12], b"header", bad, &tag)
+            .open_detached([9; 12], b"header", bad, &tag)
             .await
             .unwrap_err()
             .into_parts();

@@ -62,7 +62,7 @@ impl Session {
     async fn run(&self, n: usize, buf: Vec<u8>) -> Vec<u8> {
         let iv = (n as u128).to_be_bytes();
         match self {
-            Session::Cipher(s) => s.encrypt(&iv, buf).await.unwrap(),
+            Session::Cipher(s) => s.encrypt(iv, buf).await.unwrap(),
             Session::Aead(s) => s.seal(&iv[..12], &iv[12..], buf).await.unwrap(),
         }
     }

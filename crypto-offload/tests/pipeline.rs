@@ -44,10 +44,10 @@ async fn the_probe_task_stops_once_offload_and_sessions_are_gone_though_the_user
         .cipher(CBC, &key(16))
         .await
         .unwrap()
-        .encrypt(&[3; 16], vec![9u8; 64])
+        .encrypt([3; 16], vec![9u8; 64])
         .await
         .unwrap();
-    assert_eq!(s.encrypt(&[3; 16], vec![9u8; 64]).await.unwrap(), want);
+    assert_eq!(s.encrypt([3; 16], vec![9u8; 64]).await.unwrap(), want);
     let b = offload.backends();
     assert_eq!(
         (
@@ -84,16 +84,16 @@ async fn a_tag_that_fails_on_an_engine_is_authentication_zeroed_and_trips_nothin
         .build()
         .unwrap();
     let g = offload.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
-    let mut sealed = g.seal(&[1; 12], b"aad", vec![5u8; 100]).await.unwrap();
+    let mut sealed = g.seal([1; 12], b"aad", vec![5u8; 100]).await.unwrap();
     let on_engine = engine.requests.load(Ordering::Relaxed);
     assert_eq!(on_engine, 1);
     for detached in [false, true] {
         sealed[3] ^= 1;
         let r = if detached {
             let (ct, tag) = sealed.split_at(100);
-            g.open_detached(&[1; 12], b"aad", ct.to_vec(), tag).await
+            g.open_detached([1; 12], b"aad", ct.to_vec(), tag).await
         } else {
-            g.open(&[1; 12], b"aad", sealed.clone()).await
+            g.open([1; 12], b"aad", sealed.clone()).await
         };
         sealed[3] ^= 1;
         let e = r.unwrap_err();
@@ -117,7 +117,7 @@ async fn a_tag_that_fails_on_an_engine_is_authentication_zeroed_and_trips_nothin
     assert_eq!(b[0].stats.replayed, 0);
     assert_eq!(b[0].stats.requests, 0, "not replayed on the CPU");
     assert_eq!(
-        g.open(&[1; 12], b"aad", sealed).await.unwrap(),
+        g.open([1; 12], b"aad", sealed).await.unwrap(),
         vec![5u8; 100]
     );
 }
@@ -127,9 +127,9 @@ async fn a_tag_that_fails_on_the_blocking_pool_is_authentication_zeroed() {
     let offload = Offload::builder().build().unwrap();
     let g = offload.aead(AeadAlg::Aes256Gcm, &key(32)).await.unwrap();
     let len = 16 << 20; // > 500 µs at the default 8 B/ns: the blocking pool.
-    let mut sealed = g.seal(&[1; 12], b"", vec![5u8; len]).await.unwrap();
+    let mut sealed = g.seal([1; 12], b"", vec![5u8; len]).await.unwrap();
     sealed[len - 1] ^= 1;
-    let e = g.open(&[1; 12], b"", sealed).await.unwrap_err();
+    let e = g.open([1; 12], b"", sealed).await.unwrap_err();
     assert!(matches!(e.error(), Error::Authentication));
     let buf = e.into_buffer();
     assert_eq!(buf.len(), len);
@@ -165,21 +165,21 @@ async fn replays_use_the_original_parameters_for_every_operation() {
         let pt: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
         for sector in 0..4u128 {
             let iv = (sector * 8).to_le_bytes();
-            let want = xts_cpu.encrypt(&iv, pt.clone()).await.unwrap();
-            assert_eq!(xts.encrypt(&iv, pt.clone()).await.unwrap(), want);
-            assert_eq!(xts.decrypt(&iv, want).await.unwrap(), pt);
+            let want = xts_cpu.encrypt(iv, pt.clone()).await.unwrap();
+            assert_eq!(xts.encrypt(iv, pt.clone()).await.unwrap(), want);
+            assert_eq!(xts.decrypt(iv, want).await.unwrap(), pt);
         }
         // GCM: seal, open (tag on the end), open detached.
         let g = offload.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
         let gc = cpu.aead(AeadAlg::Aes128Gcm, &key(16)).await.unwrap();
         for n in 0..4u8 {
             let nonce = [n; 12];
-            let want = gc.seal(&nonce, b"hdr", pt.clone()).await.unwrap();
-            assert_eq!(g.seal(&nonce, b"hdr", pt.clone()).await.unwrap(), want);
-            assert_eq!(g.open(&nonce, b"hdr", want.clone()).await.unwrap(), pt);
+            let want = gc.seal(nonce, b"hdr", pt.clone()).await.unwrap();
+            assert_eq!(g.seal(nonce, b"hdr", pt.clone()).await.unwrap(), want);
+            assert_eq!(g.open(nonce, b"hdr", want.clone()).await.unwrap(), pt);
             let (ct, tag) = want.split_at(pt.len());
             assert_eq!(
-                g.open_detached(&nonce, b"hdr", ct.to_vec(), tag)
+                g.open_detached(nonce, b"hdr", ct.to_vec(), tag)
                     .await
                     .unwrap(),
                 pt
@@ -276,21 +276,21 @@ async fn a_request_dropped_while_its_context_opens_frees_its_buffer_and_its_slot
     let s = offload.cipher(CBC, &key(16)).await.unwrap();
     for _ in 0..3 {
         let (buf, kept) = common::tracked(&[7u8; 4096]);
-        let r = tokio::time::timeout(Duration::from_millis(300), s.encrypt(&[0; 16], buf)).await;
+        let r = tokio::time::timeout(Duration::from_millis(300), s.encrypt([0; 16], buf)).await;
         assert!(r.is_err(), "still opening");
         assert!(kept.is_unique(), "the buffer was freed");
         let e = offload.explain(CBC, Direction::Encrypt, 1);
         assert!(e.candidates.iter().all(|c| c.in_flight == 0), "{e}");
     }
     // The next one opens the context and completes on the engine.
-    let ct = s.encrypt(&[0; 16], vec![7u8; 4096]).await.unwrap();
+    let ct = s.encrypt([0; 16], vec![7u8; 4096]).await.unwrap();
     let want = Offload::builder()
         .build()
         .unwrap()
         .cipher(CBC, &key(16))
         .await
         .unwrap()
-        .encrypt(&[0; 16], vec![7u8; 4096])
+        .encrypt([0; 16], vec![7u8; 4096])
         .await
         .unwrap();
     assert_eq!(ct, want);

@@ -132,7 +132,7 @@ async fn qce_latency_keeps_the_cpu_and_throughput_uses_both() {
                     .unwrap()
                     .with_data_unit(4096)
                     .unwrap();
-                units.encrypt(&[0; 16], data).await.unwrap().len()
+                units.encrypt([0; 16], data).await.unwrap().len()
             })
         };
         // Wait until the job is running on the CPU.
@@ -151,8 +151,8 @@ async fn qce_latency_keeps_the_cpu_and_throughput_uses_both() {
         assert_eq!(busy(), 1, "the long job is in flight on the CPU");
         for i in 0..20u128 {
             let pt = vec![i as u8; 64 << 10];
-            let ct = s.encrypt(&i.to_le_bytes(), pt.clone()).await.unwrap();
-            assert_eq!(s.decrypt(&i.to_le_bytes(), ct).await.unwrap(), pt);
+            let ct = s.encrypt(i.to_le_bytes(), pt.clone()).await.unwrap();
+            assert_eq!(s.decrypt(i.to_le_bytes(), ct).await.unwrap(), pt);
         }
         assert_eq!(big.await.unwrap(), 64 << 20);
         let engine = offload.backends()[1].stats.requests;
@@ -194,8 +194,8 @@ async fn faults_are_completed_on_the_cpu_and_the_breaker_opens_then_closes() {
     let reference = cpu.cipher(CipherAlg::Aes128Ctr, &key(16)).await.unwrap();
     for i in 0..500u128 {
         let pt = vec![(i % 251) as u8; 100 + i as usize];
-        let got = s.encrypt(&i.to_be_bytes(), pt.clone()).await.unwrap();
-        let want = reference.encrypt(&i.to_be_bytes(), pt).await.unwrap();
+        let got = s.encrypt(i.to_be_bytes(), pt.clone()).await.unwrap();
+        let want = reference.encrypt(i.to_be_bytes(), pt).await.unwrap();
         assert_eq!(got, want, "request {i}");
     }
     let b = offload.backends();
@@ -208,10 +208,10 @@ async fn faults_are_completed_on_the_cpu_and_the_breaker_opens_then_closes() {
     // the breaker stays open with the reason; when it comes back, a probe
     // closes it.
     sim.set_gone(true);
-    let got = s.encrypt(&[1; 16], vec![3u8; 64]).await.unwrap();
+    let got = s.encrypt([1; 16], vec![3u8; 64]).await.unwrap();
     assert_eq!(
         got,
-        reference.encrypt(&[1; 16], vec![3u8; 64]).await.unwrap()
+        reference.encrypt([1; 16], vec![3u8; 64]).await.unwrap()
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
     let why = offload.backends()[1]
@@ -370,7 +370,7 @@ async fn a_resume_does_not_teach_the_model_that_the_engine_is_slow() {
             "session {i}: {:?}",
             offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
         );
-        buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
+        buf = s.encrypt(i.to_le_bytes(), buf).await.unwrap();
         drop(s);
         tokio::time::sleep(Duration::from_millis(30)).await; // suspended again
     }
@@ -393,7 +393,7 @@ async fn a_resume_does_not_teach_the_model_that_the_engine_is_slow() {
         .cipher(CipherAlg::Aes256Xts, &key(64))
         .await
         .unwrap();
-    let _ = s.encrypt(&[0; 16], buf).await.unwrap();
+    let _ = s.encrypt([0; 16], buf).await.unwrap();
     let ex = offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len);
     let engine = ex.candidates.iter().find(|c| c.backend == "sim").unwrap();
     assert_eq!(engine.resume, None, "{ex}");
@@ -436,7 +436,7 @@ async fn an_engine_serving_many_at_once_is_learned_so_under_load() {
         let tasks: Vec<_> = (0..64u128)
             .map(|i| {
                 let s = s.clone();
-                tokio::spawn(async move { s.encrypt(&i.to_le_bytes(), vec![0; 4096]).await })
+                tokio::spawn(async move { s.encrypt(i.to_le_bytes(), vec![0; 4096]).await })
             })
             .collect();
         for t in tasks {
@@ -478,7 +478,7 @@ async fn split_cpu_jobs_do_not_teach_the_model_that_one_core_is_faster() {
         .unwrap();
     let mut buf = vec![0u8; 16 << 20];
     for i in 0..20u128 {
-        buf = s.encrypt(&i.to_be_bytes(), buf).await.unwrap();
+        buf = s.encrypt(i.to_be_bytes(), buf).await.unwrap();
     }
     let after = cpu_4k(&offload);
     assert!(
@@ -535,10 +535,10 @@ fn without_a_runtime_live_traffic_reopens_a_tripped_backend() {
             offload.explain(CipherAlg::Aes256Xts, Direction::Encrypt, len)
         );
         let pt: Vec<u8> = (0..len).map(|i| i as u8).collect();
-        let want = reference.encrypt(&[3; 16], pt.clone()).await.unwrap();
+        let want = reference.encrypt([3; 16], pt.clone()).await.unwrap();
 
         sim.set_gone(true);
-        let got = s.encrypt(&[3; 16], pt.clone()).await.unwrap();
+        let got = s.encrypt([3; 16], pt.clone()).await.unwrap();
         assert_eq!(got, want, "completed on the CPU");
         assert_eq!(s.backend_for(Direction::Encrypt, len), "cpu", "tripped");
         assert!(offload.backends()[1].unavailable.is_some());
@@ -546,7 +546,7 @@ fn without_a_runtime_live_traffic_reopens_a_tripped_backend() {
         sim.set_gone(false);
         std::thread::sleep(Duration::from_millis(310));
         assert_eq!(s.backend_for(Direction::Encrypt, len), "sim", "half-open");
-        s.encrypt(&[3; 16], pt).await.unwrap();
+        s.encrypt([3; 16], pt).await.unwrap();
         let b = offload.backends();
         assert!(b[1].unavailable.is_none(), "closed by the success: {b:?}");
         assert_eq!(
@@ -612,7 +612,7 @@ resume_ns = 1000000.0
         .unwrap();
     let engine = || offload.backends()[1].stats.requests;
     // One request: the CPU, the engine stays down.
-    s.encrypt(&[0; 16], vec![0u8; 64 << 10]).await.unwrap();
+    s.encrypt([0; 16], vec![0u8; 64 << 10]).await.unwrap();
     assert_eq!((engine(), sim.power_stats().resumes), (0, 0));
     // With the second request the regret (2 x 590 µs) passes the 1 ms
     // resume: it wakes the engine, which takes the following ones. (A
@@ -620,7 +620,7 @@ resume_ns = 1000000.0
     // and a long one would teach the model that the CPU is free.)
     let mut seen = Vec::new();
     for i in 1..5u8 {
-        s.encrypt(&[i; 16], vec![i; 64 << 10]).await.unwrap();
+        s.encrypt([i; 16], vec![i; 64 << 10]).await.unwrap();
         seen.push(engine());
     }
     assert_eq!(seen, [1, 2, 3, 4], "requests 2..5 on the engine");
@@ -662,9 +662,9 @@ fn the_blocking_pool_hand_off_is_learned_apart_from_inline_requests() {
 
         let hog = tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(50)));
         let plain: Vec<u8> = (0..len).map(|i| i as u8).collect();
-        let sealed = s.encrypt(&[0u8; 16], plain.clone()).await.unwrap();
+        let sealed = s.encrypt([0u8; 16], plain.clone()).await.unwrap();
         hog.await.unwrap();
-        let opened = s.decrypt(&[0u8; 16], sealed).await.unwrap();
+        let opened = s.decrypt([0u8; 16], sealed).await.unwrap();
         assert!(opened == plain, "the request ran wrong");
 
         let large = cpu(len);
@@ -725,7 +725,7 @@ async fn choice_before_and_after(
     let before = s.backend_for(Direction::Encrypt, len).to_owned();
     let mut buf = vec![0u8; len];
     for i in 0..requests {
-        buf = s.encrypt(&i.to_le_bytes(), buf).await.unwrap();
+        buf = s.encrypt(i.to_le_bytes(), buf).await.unwrap();
     }
     let after = s.backend_for(Direction::Encrypt, len).to_owned();
     let why = offload
@@ -915,7 +915,7 @@ async fn requests_until(
     for n in 1..=limit {
         *i += 1;
         *buf = s
-            .encrypt(&i.to_le_bytes(), std::mem::take(buf))
+            .encrypt(i.to_le_bytes(), std::mem::take(buf))
             .await
             .unwrap();
         if s.backend_for(Direction::Encrypt, len) == want {

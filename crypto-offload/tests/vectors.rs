@@ -228,3 +228,23 @@ async fn an_engine_with_narrow_limits_still_passes() {
     let p = report.pinned.as_ref().unwrap();
     assert!(p.served.iter().any(|&(_, ran, on)| on < ran), "{p:?}");
 }
+
+#[tokio::test]
+async fn empty_requests_do_not_count_as_served() {
+    // One CRC, with limits no non-empty input fits: the catalogue's empty
+    // input reaches the engine (and passes), nothing else does.
+    let alg = crypto_offload::Algorithm::Crc(crypto_offload::CrcAlg::Crc32Iscsi);
+    let report = run_pinned(
+        common::Engine::new("empty-only")
+            .only(alg)
+            .multiple_of(1 << 20),
+    )
+    .await;
+    assert!(report.failures.is_empty(), "{:#?}", report.failures);
+    let problems = report.problems().join("\n");
+    assert!(
+        problems.contains("claims CRC-32/ISCSI but served none"),
+        "{problems}"
+    );
+    assert!(std::panic::catch_unwind(|| report.assert_ok()).is_err());
+}

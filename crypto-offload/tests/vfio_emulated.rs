@@ -9,7 +9,7 @@
 //! per-request path, side by side in one run (ignored: a measurement):
 //! `cargo test --release -p crypto-offload --test vfio_emulated --
 //! --ignored --nocapture`.
-#![cfg(feature = "vfio")]
+#![cfg(all(feature = "vfio", target_os = "linux"))]
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -87,7 +87,7 @@ fn many_tasks_on_vecs_and_device_buffers_fill_the_ring_then_all_complete() {
                 let on_device = buf.is_device_memory();
                 buf.copy_from_slice(&data);
                 tokio::task::spawn_local(async move {
-                    let out = session.encrypt(&IV, buf).await.unwrap();
+                    let out = session.encrypt(IV, buf).await.unwrap();
                     (data, on_device, out)
                 })
             })
@@ -207,7 +207,7 @@ fn offload_over_the_drivers_own_path() {
                 || DeviceBuf::from(vec![0u8; 64]),
                 move |b| {
                     let o = o.clone();
-                    async move { o.encrypt(&IV, b).await.unwrap() }
+                    async move { o.encrypt(IV, b).await.unwrap() }
                 },
             )
             .await;
@@ -216,7 +216,7 @@ fn offload_over_the_drivers_own_path() {
                 || offload.buffer(64),
                 move |b| {
                     let o = o.clone();
-                    async move { o.encrypt(&IV, b).await.unwrap() }
+                    async move { o.encrypt(IV, b).await.unwrap() }
                 },
             )
             .await;

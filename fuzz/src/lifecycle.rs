@@ -364,9 +364,9 @@ async fn shared_request(backend: &str, live: &Live, len: usize, seed: u8, decryp
             let tag = reference::gcm_seal(key, &nonce, aad, &mut sealed);
             sealed.extend_from_slice(&tag);
             let (got, want) = if decrypt {
-                (s.open(&nonce, aad, sealed).await, data)
+                (s.open(nonce, aad, sealed).await, data)
             } else {
-                (s.seal(&nonce, aad, data).await, sealed)
+                (s.seal(nonce, aad, data).await, sealed)
             };
             let dir = if decrypt { "open" } else { "seal" };
             match got {

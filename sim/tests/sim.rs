@@ -57,7 +57,7 @@ async fn omap_stream(sim: Arc<SimEngine>) -> Duration {
     let start = tokio::time::Instant::now();
     let mut buf = vec![0u8; BLOCK];
     for i in 0..MB20 / BLOCK {
-        buf = s.encrypt(&(i as u128).to_be_bytes(), buf).await.unwrap();
+        buf = s.encrypt((i as u128).to_be_bytes(), buf).await.unwrap();
     }
     start.elapsed()
 }
@@ -129,7 +129,7 @@ async fn a_cancelled_request_keeps_the_device_powered_until_it_completes() {
         .await
         .unwrap();
     {
-        let request = s.encrypt(&[0; 16], vec![0u8; 1 << 20]); // ~22 ms on the device
+        let request = s.encrypt([0; 16], vec![0u8; 1 << 20]); // ~22 ms on the device
         let _ = tokio::time::timeout(Duration::from_millis(1), request).await;
     } // the request future is dropped mid-flight
     drop(s);
@@ -181,7 +181,7 @@ async fn a_cancelled_request_parks_its_buffer_until_the_device_completes() {
     let (sim, s) = ctr_on(SimTimer::Tokio, Duration::from_millis(10)).await;
     let start = tokio::time::Instant::now();
     let (buf, kept) = tracked(&[7u8; 4096]);
-    let request = s.encrypt(&[0; 16], buf);
+    let request = s.encrypt([0; 16], buf);
     assert!(
         tokio::time::timeout(Duration::from_millis(1), request)
             .await
@@ -197,7 +197,7 @@ async fn a_cancelled_request_parks_its_buffer_until_the_device_completes() {
     assert_eq!(sim.in_flight(), 0);
     // The session goes on.
     let (buf, _) = tracked(&[7u8; 64]);
-    assert_eq!(s.encrypt(&[0; 16], buf).await.unwrap().len(), 64);
+    assert_eq!(s.encrypt([0; 16], buf).await.unwrap().len(), 64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,7 +206,7 @@ async fn a_cancelled_request_parks_its_buffer_on_the_device_thread_too() {
     // after the drop have that much margin on a loaded machine.
     let (sim, s) = ctr_on(SimTimer::Device, Duration::from_millis(200)).await;
     let (buf, kept) = tracked(&[7u8; 4096]);
-    let request = s.encrypt(&[0; 16], buf);
+    let request = s.encrypt([0; 16], buf);
     assert!(
         tokio::time::timeout(Duration::from_millis(1), request)
             .await
@@ -246,7 +246,7 @@ async fn eip197_rings_serve_in_parallel() {
         for i in 0..64u8 {
             let g = g.clone();
             tasks.push(tokio::spawn(async move {
-                g.seal(&[i; 12], b"", vec![i; 1 << 20]).await.unwrap()
+                g.seal([i; 12], b"", vec![i; 1 << 20]).await.unwrap()
             }));
         }
         for t in tasks {
@@ -271,7 +271,7 @@ async fn short_sessions_within_the_autosuspend_delay_resume_once() {
             .cipher(CipherAlg::Aes128Cbc, &key(16))
             .await
             .unwrap();
-        s.encrypt(&i.to_be_bytes(), vec![0u8; 4096]).await.unwrap();
+        s.encrypt(i.to_be_bytes(), vec![0u8; 4096]).await.unwrap();
         drop(s);
         tokio::time::sleep(Duration::from_millis(100)).await; // < the 1 s delay
     }
@@ -294,7 +294,7 @@ async fn a_cancelled_request_keeps_per_request_power_until_it_completes() {
         .await
         .unwrap();
     {
-        let request = s.encrypt(&[0; 16], vec![0u8; 1 << 20]); // ~22 ms on the device
+        let request = s.encrypt([0; 16], vec![0u8; 1 << 20]); // ~22 ms on the device
         let _ = tokio::time::timeout(Duration::from_millis(2), request).await;
     }
     tokio::time::sleep(Duration::from_millis(5)).await;

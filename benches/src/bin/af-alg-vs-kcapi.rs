@@ -141,7 +141,7 @@ async fn ours(
     let warm: Vec<_> = (0..args.tasks)
         .map(|_| {
             let s = session.clone();
-            tokio::spawn(async move { s.encrypt(&[1; 16], vec![7u8; size]).await.is_ok() })
+            tokio::spawn(async move { s.encrypt([1; 16], vec![7u8; size]).await.is_ok() })
         })
         .collect();
     for t in warm {
@@ -155,7 +155,7 @@ async fn ours(
         let mut buf = vec![7u8; size];
         while start.elapsed() < time / 4 || n < 3 {
             buf = session
-                .encrypt(&[2; 16], buf)
+                .encrypt([2; 16], buf)
                 .await
                 .map_err(|e| e.to_string())?;
             n += 1;
@@ -174,7 +174,7 @@ async fn ours(
                 let mut buf = vec![i as u8; size];
                 let iv = [i as u8; 16];
                 while !stop.load(Ordering::Relaxed) {
-                    buf = match s.encrypt(&iv, buf).await {
+                    buf = match s.encrypt(iv, buf).await {
                         Ok(b) => b,
                         Err(e) => return Err(e.to_string()),
                     };

@@ -67,7 +67,7 @@ async fn run(offload: &Offload, clients: usize, time: Duration) -> f64 {
             .expect("a session"),
     );
     drive(&[session], clients, time, |s, buf| async move {
-        s.encrypt(&[0; 16], buf).await.expect("a request")
+        s.encrypt([0; 16], buf).await.expect("a request")
     })
     .await
 }

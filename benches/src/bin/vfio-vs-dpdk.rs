@@ -329,7 +329,7 @@ async fn offload_per_request(
     };
     let view = |b: &DeviceBuf| b.to_vec();
     clients(session, size, load, make, view, |s, buf| async move {
-        s.encrypt(&IV, buf).await.expect("a request")
+        s.encrypt(IV, buf).await.expect("a request")
     })
     .await
 }

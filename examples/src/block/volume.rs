@@ -567,7 +567,7 @@ impl Volume {
             .with_data_unit(geometry.block_size)?;
         let check_block = xts
             .encrypt(
-                &KEY_CHECK_TWEAK.to_le_bytes(),
+                KEY_CHECK_TWEAK.to_le_bytes(),
                 vec![0u8; geometry.block_size],
             )
             .await
@@ -669,7 +669,7 @@ impl Volume {
         let (seq, target) = self.store.next(block);
         let ciphertext = self
             .xts
-            .encrypt(&tweak(block, seq), data)
+            .encrypt(tweak(block, seq), data)
             .await
             .map_err(crypto_offload::Error::from)?;
         let (ciphertext, crc) = self.crcs.checksum(ciphertext).await?;
@@ -740,7 +740,7 @@ impl Volume {
         }
         Ok(self
             .xts
-            .decrypt(&tweak(block, seq), ciphertext)
+            .decrypt(tweak(block, seq), ciphertext)
             .await
             .map_err(crypto_offload::Error::from)?)
     }
@@ -773,7 +773,7 @@ impl Volume {
         let check = self
             .xts
             .encrypt(
-                &KEY_CHECK_TWEAK.to_le_bytes(),
+                KEY_CHECK_TWEAK.to_le_bytes(),
                 vec![0u8; geometry.block_size],
             )
             .await

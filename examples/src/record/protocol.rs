@@ -162,7 +162,7 @@ pub async fn seal_record(
 ) -> Result<Vec<u8>, crypto_offload::Error> {
     let header = Header::data(seq, payload.len()).encode();
     let sealed = session
-        .seal(&nonce(direction, seq), &header, payload)
+        .seal(nonce(direction, seq), &header, payload)
         .await
         .map_err(crypto_offload::Error::from)?;
     let mut out = Vec::with_capacity(HEADER + sealed.len());
@@ -188,7 +188,7 @@ pub async fn open_record(
 ) -> Result<Vec<u8>, crypto_offload::Error> {
     let seq = Header::decode(header).seq;
     session
-        .open(&nonce(direction, seq), header, body)
+        .open(nonce(direction, seq), header, body)
         .await
         .map_err(crypto_offload::Error::from)
 }
