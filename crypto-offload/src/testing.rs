@@ -14,7 +14,7 @@
 //! let report = testing::run_vectors(&offload).await;
 //! report.assert_ok();
 //! assert!(report.passed > 600);
-//! # Ok::<(), crypto_offload::Error>(()) });
+//! # Ok::<(), crypto_offload::Error>(()) }).unwrap();
 //! ```
 //!
 //! Each vector runs with both buffer types, encrypt and decrypt, and (for

@@ -48,7 +48,7 @@ pub type Tag = [u8; 16];
 /// assert!(err.into_buffer().iter().all(|&b| b == 0));        // nothing released
 ///
 /// assert_eq!(gcm.open(&nonce, b"header", sealed).await?, b"hello");
-/// # Ok::<(), crypto_offload::Error>(()) });
+/// # Ok::<(), crypto_offload::Error>(()) }).unwrap();
 /// ```
 pub struct AeadSession {
     alg: AeadAlg,

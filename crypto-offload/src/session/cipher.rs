@@ -37,7 +37,7 @@ use crate::slot::Slots;
 /// let ct = xts.encrypt(&sector_7, vec![0u8; 4096]).await?;   // sectors 7..15
 /// let pt = xts.decrypt(&sector_7, ct).await?;
 /// assert_eq!(pt, vec![0u8; 4096]);
-/// # Ok::<(), crypto_offload::Error>(()) });
+/// # Ok::<(), crypto_offload::Error>(()) }).unwrap();
 /// ```
 pub struct CipherSession {
     alg: CipherAlg,

@@ -15,7 +15,8 @@
 /// use futures::future::join_all;
 ///
 /// let offload = Offload::builder().build()?;
-/// let disk = offload.cipher(CipherAlg::Aes256Xts, &[7; 64][..]).await?;
+/// let key: Vec<u8> = (0..64).collect();
+/// let disk = offload.cipher(CipherAlg::Aes256Xts, &key).await?;
 /// let sectors = vec![vec![0u8; 512]; 4];
 /// // The tweak of sector i, made in the closure and dropped before the
 /// // request runs.
@@ -26,7 +27,7 @@
 /// for sector in join_all(requests).await {
 ///     assert_eq!(sector?.len(), 512);
 /// }
-/// # Ok::<(), crypto_offload::Error>(()) });
+/// # Ok::<(), crypto_offload::Error>(()) }).unwrap();
 /// ```
 pub trait IvInput<const N: usize>: sealed::Sealed<N> {
     /// The bytes, or the length given if it is not `N`.
