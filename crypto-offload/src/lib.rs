@@ -25,6 +25,7 @@ mod power;
 mod select;
 mod session;
 mod slot;
+pub mod stream;
 #[cfg(all(feature = "vfio", target_os = "linux"))]
 pub mod vfio;
 

@@ -76,6 +76,8 @@ pub enum LengthRule {
     DataUnitTooSmall,
     /// The message is longer than the mode allows (GCM: 2^36 - 32 bytes).
     TooLong(u64),
+    /// An XTS stream needs a data unit set.
+    DataUnitNotSet,
 }
 
 impl fmt::Display for LengthRule {
@@ -88,6 +90,7 @@ impl fmt::Display for LengthRule {
             }
             LengthRule::DataUnitTooSmall => f.write_str("the data unit must be at least 16 bytes"),
             LengthRule::TooLong(max) => write!(f, "must be at most {max}"),
+            LengthRule::DataUnitNotSet => f.write_str("an XTS stream needs a data unit"),
         }
     }
 }
