@@ -21,13 +21,10 @@ pub fn policy(s: &str) -> Result<Policy, Error> {
 
 /// Parses an algorithm name (`aes-256-xts`, `crc-32/iscsi`, `crc32c`, …).
 pub fn algorithm(s: &str) -> Result<Algorithm, Error> {
-    Algorithm::all()
-        .find(|a| a.name().eq_ignore_ascii_case(s))
-        .or_else(|| crypto_offload::CrcAlg::from_name(s).map(Algorithm::Crc))
-        .ok_or_else(|| {
-            let names: Vec<&str> = Algorithm::all().map(|a| a.name()).collect();
-            format!("unknown algorithm {s:?}; one of: {}", names.join(", ")).into()
-        })
+    Algorithm::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Algorithm::all().map(|a| a.name()).collect();
+        format!("unknown algorithm {s:?}; one of: {}", names.join(", ")).into()
+    })
 }
 
 /// The simulated engines named on the command line.

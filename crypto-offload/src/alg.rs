@@ -175,13 +175,36 @@ impl Algorithm {
             .chain(CrcAlg::ALL.into_iter().map(Algorithm::Crc))
     }
 
-    /// The algorithm's name (`"aes-128-gcm"`, `"CRC-32/ISCSI"`, …).
+    /// The algorithm's name (`"aes-128-gcm"`, `"CRC-32/ISCSI"`, …): ciphers
+    /// by their OpenSSL-style names, CRCs by their catalogue names, which
+    /// say the parameters exactly. [`CrcAlg::short_name`] gives the
+    /// tools' style (`crc32c`); [`Algorithm::from_name`] takes either.
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Cipher(a) => a.name(),
             Algorithm::Aead(a) => a.name(),
             Algorithm::Crc(a) => a.name(),
         }
+    }
+}
+
+impl Algorithm {
+    /// The algorithm called `name`, ignoring case: its name as
+    /// [`Algorithm::name`] prints it, or any name [`CrcAlg::from_name`]
+    /// takes (`crc32c`, `castagnoli`, …).
+    ///
+    /// ```
+    /// use crypto_offload::{Algorithm, CrcAlg};
+    ///
+    /// let crc = Algorithm::from_name("crc32c");
+    /// assert_eq!(crc, Some(Algorithm::Crc(CrcAlg::CRC32C)));
+    /// assert_eq!(crc.map(Algorithm::name), Some("CRC-32/ISCSI"));
+    /// assert_eq!(Algorithm::from_name("aes-256-xts").map(Algorithm::name), Some("aes-256-xts"));
+    /// ```
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::all()
+            .find(|a| a.name().eq_ignore_ascii_case(name.trim()))
+            .or_else(|| CrcAlg::from_name(name).map(Algorithm::Crc))
     }
 }
 

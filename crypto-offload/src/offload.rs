@@ -311,7 +311,7 @@ impl Offload {
     ///
     /// let offload = Offload::discover_with(Offload::builder().policy(Policy::Throughput)).await?;
     /// assert_eq!(offload.policy(), Policy::Throughput);
-    /// # Ok::<(), crypto_offload::Error>(()) });
+    /// # Ok::<(), crypto_offload::Error>(()) }).unwrap();
     /// ```
     ///
     /// # Errors
@@ -367,7 +367,7 @@ impl Offload {
     ///         _ => {}
     ///     }
     /// }
-    /// # Ok::<(), crypto_offload::Error>(()) });
+    /// # Ok::<(), crypto_offload::Error>(()) }).unwrap();
     /// ```
     pub fn discovery(&self) -> &[EngineSearch] {
         &self.discovery
@@ -432,8 +432,24 @@ impl Offload {
 
     /// Which backend a `len`-byte request of `alg` would run on now, and
     /// every candidate's predicted latency and CPU time.
+    /// A CRC has one direction: pass `Direction::Encrypt`, or use
+    /// [`explain_crc`](Self::explain_crc).
     pub fn explain(&self, alg: impl Into<Algorithm>, dir: Direction, len: usize) -> Explanation {
         crate::select::explain(&self.slots, alg.into(), dir, len)
+    }
+
+    /// [`explain`](Self::explain) for a CRC of `len` bytes.
+    ///
+    /// ```
+    /// use crypto_offload::{CrcAlg, Offload};
+    ///
+    /// let offload = Offload::builder().build()?;
+    /// let why = offload.explain_crc(CrcAlg::CRC32C, 4096);
+    /// assert_eq!(why.choice, "cpu");
+    /// # Ok::<(), crypto_offload::Error>(())
+    /// ```
+    pub fn explain_crc(&self, alg: CrcAlg, len: usize) -> Explanation {
+        self.explain(alg, Direction::Encrypt, len)
     }
 
     /// The smallest request size at which the selector would leave the CPU
@@ -644,6 +660,13 @@ impl OffloadBuilder {
     /// Runs every session on the backend called `name` (`"cpu"` for the
     /// CPU), bypassing the selector. Requests that backend fails are still
     /// completed on the CPU.
+    ///
+    /// Pinning is for the whole `Offload`, and strict: a session of an
+    /// algorithm the pinned backend does not run fails to open with
+    /// [`Error::Unsupported`] (a backend under test must not pass by
+    /// handing its work to the CPU). To pin ciphers to one engine and
+    /// leave everything else to the selector, build a second `Offload`
+    /// with the same backends: a backend can serve several.
     pub fn pin(mut self, name: impl Into<String>) -> Self {
         self.pin = Some(name.into());
         self

@@ -36,7 +36,7 @@ use crate::slot::Slots;
 /// assert_eq!(crc.finalize(), 0xe306_9283);
 /// crc.verify(0xe306_9283)?;
 /// # let _ = buf;
-/// # Ok::<(), crypto_offload::Error>(()) });
+/// # Ok::<(), crypto_offload::Error>(()) }).unwrap();
 /// ```
 pub struct CrcSession {
     alg: CrcAlg,
@@ -128,7 +128,7 @@ impl CrcSession {
     /// .await;
     /// assert_eq!(a?.1, 0xe306_9283);
     /// assert_eq!(b?.1, 0x98f9_4189);
-    /// # Ok::<(), crypto_offload::Error>(()) });
+    /// # Ok::<(), crypto_offload::Error>(()) }).unwrap();
     /// ```
     ///
     /// # Errors
@@ -153,9 +153,29 @@ impl CrcSession {
         self.state.update(data);
     }
 
-    /// The CRC of everything fed so far (the stream can go on).
+    /// The CRC of everything fed so far (the stream can go on). Every CRC
+    /// comes as a `u64`; a CRC-32's is in the low 32 bits
+    /// ([`finalize_u32`](Self::finalize_u32) gives it as a `u32`).
     pub fn finalize(&self) -> u64 {
         self.state.finalize()
+    }
+
+    /// A CRC-32's value as a `u32`; `None` for a CRC-64.
+    ///
+    /// ```
+    /// # futures::executor::block_on(async {
+    /// use crypto_offload::{CrcAlg, Offload};
+    ///
+    /// let offload = Offload::builder().build()?;
+    /// let mut crc = offload.crc(CrcAlg::CRC32C).await?;
+    /// crc.update_from_slice(b"123456789");
+    /// let value: u32 = crc.finalize_u32().expect("a CRC-32");
+    /// assert_eq!(value.to_be_bytes(), [0xe3, 0x06, 0x92, 0x83]);
+    /// assert_eq!(offload.crc(CrcAlg::Crc64Nvme).await?.finalize_u32(), None);
+    /// # Ok::<(), crypto_offload::Error>(()) }).unwrap();
+    /// ```
+    pub fn finalize_u32(&self) -> Option<u32> {
+        (self.alg.width() == 32).then(|| self.state.finalize() as u32)
     }
 
     /// Bytes fed so far.
