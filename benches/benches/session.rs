@@ -95,6 +95,23 @@ fn session(c: &mut Criterion) {
     );
     g.finish();
 
+    // What `'static` request futures would cost: the request holds an
+    // `Arc` of its session (a clone and a drop a request), as a spawned
+    // task or the `stream` adapters hold it. Beside `session-ctr-128`, it
+    // is the measured case for keeping the futures borrowing.
+    let mut g = group(c, "session-ctr-128-arc");
+    let direct = fb::Ctr::new(&key(16)).unwrap();
+    let s = std::sync::Arc::new(block(offload.cipher(CipherAlg::Aes128Ctr, &key(16))).unwrap());
+    pair!(
+        g,
+        |buf| direct.apply_keystream(&[1; 16], buf).unwrap(),
+        |buf| {
+            let s = s.clone();
+            async move { s.encrypt([1; 16], buf).await }.await.unwrap()
+        }
+    );
+    g.finish();
+
     let mut g = group(c, "session-xts-256");
     let direct = fb::Xts::new(&key(64)).unwrap();
     let s = block(offload.cipher(CipherAlg::Aes256Xts, &key(64))).unwrap();

@@ -126,9 +126,12 @@ impl CipherSession {
     ///
     /// `iv` is the CBC IV, the CTR initial counter block (the whole 128 bits
     /// count, big-endian, wrapping), or the XTS tweak of the first data unit
-    /// (the sector number, 128-bit little-endian); always 16 bytes, taken by
-    /// value ([`IvInput`]: `[u8; 16]`, `&[u8; 16]` or a slice), so the
-    /// request borrows only the session.
+    /// (the sector number, 128-bit little-endian: sector `n` is
+    /// `n.to_le_bytes()` for a `u128`); always 16 bytes, taken by value
+    /// ([`IvInput`]: `[u8; 16]`, `&[u8; 16]` or a slice), so the request
+    /// borrows only the session. (There is no `encrypt_sector(n, buf)`:
+    /// on a CBC or CTR session it would take a sector number for an IV
+    /// without complaint.)
     ///
     /// # Errors
     /// [`Error::IvLength`]; [`Error::DataLength`] for CBC data that is not
