@@ -526,3 +526,195 @@ async fn a_deep_stream_on_a_narrow_engine_loses_nothing() {
         engine.requests()
     );
 }
+
+/// An inner reader that hands out its data, fails once, then ends.
+struct FailsOnce {
+    data: Vec<u8>,
+    at: usize,
+    failed: bool,
+}
+
+impl AsyncRead for FailsOnce {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.at == this.data.len() && !this.failed {
+            this.failed = true;
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
+        let n = buf.remaining().min(this.data.len() - this.at).min(7000);
+        buf.put_slice(&this.data[this.at..this.at + n]);
+        this.at += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The inner reader's error comes after every byte it delivered before it
+/// (read ahead, in requests), and reading goes on after it.
+#[tokio::test]
+async fn an_inner_reader_s_error_comes_after_what_it_delivered() {
+    let offload = Offload::builder().build().unwrap();
+    for alg in [CipherAlg::Aes128Ctr, CipherAlg::Aes256Xts] {
+        let s = session(&offload, alg, 3, 512).await;
+        let data = bytes(100_352, 4); // 196 units of 512
+        let inner = FailsOnce {
+            data: data.clone(),
+            at: 0,
+            failed: false,
+        };
+        let options = StreamOptions::default().chunk(8192).depth(4);
+        let mut r =
+            CipherReader::new(inner, s.clone(), Direction::Encrypt, [1; 16], options).unwrap();
+        let mut got = Vec::new();
+        let e = r.read_to_end(&mut got).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+        assert_eq!(got.len(), data.len(), "{alg}: the bytes before the error");
+        assert_eq!(r.read(&mut [0; 16]).await.unwrap(), 0, "then the end");
+        assert_eq!(got, whole(&s, Direction::Encrypt, [1; 16], &data).await);
+    }
+}
+
+/// The CTR counter and the XTS tweak wrap at 2^128 across requests and
+/// flushed partial blocks, as one request's do.
+#[tokio::test]
+async fn counters_and_tweaks_wrap_across_requests() {
+    let offload = Offload::builder().build().unwrap();
+    let cases = [
+        (CipherAlg::Aes128Ctr, (u128::MAX - 3).to_be_bytes()),
+        (CipherAlg::Aes256Xts, (u128::MAX - 1).to_le_bytes()),
+    ];
+    for (alg, iv) in cases {
+        let s = session(&offload, alg, 5, 16).await;
+        let data = bytes(16 * 9, 6);
+        let options = StreamOptions::default().chunk(16).depth(3);
+        let mut w =
+            CipherWriter::new(Vec::new(), s.clone(), Direction::Encrypt, iv, options).unwrap();
+        for piece in data.chunks(5) {
+            w.write_all(piece).await.unwrap();
+            w.flush().await.unwrap();
+        }
+        w.shutdown().await.unwrap();
+        assert_eq!(
+            w.into_inner(),
+            whole(&s, Direction::Encrypt, iv, &data).await,
+            "{alg}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_writer_refuses_writes_after_shutdown_and_a_second_shutdown_is_a_no_op() {
+    let offload = Offload::builder().build().unwrap();
+    let s = session(&offload, CipherAlg::Aes128Ctr, 1, 0).await;
+    let mut w = CipherWriter::new(
+        Vec::new(),
+        s,
+        Direction::Encrypt,
+        [0; 16],
+        StreamOptions::default(),
+    )
+    .unwrap();
+    w.write_all(b"abc").await.unwrap();
+    w.shutdown().await.unwrap();
+    w.shutdown().await.unwrap();
+    assert_eq!(
+        w.write(b"d").await.unwrap_err().kind(),
+        io::ErrorKind::BrokenPipe
+    );
+    assert_eq!(w.get_ref().len(), 3);
+}
+
+/// After a stream fails, every later call fails with the same kind.
+#[tokio::test]
+async fn a_failed_stream_keeps_its_error_kind() {
+    let offload = Offload::builder().build().unwrap();
+    let s = session(&offload, CipherAlg::Aes128Cbc, 1, 0).await;
+    let data = bytes(20, 1);
+    let mut r = CipherReader::new(
+        &data[..],
+        s,
+        Direction::Encrypt,
+        [0; 16],
+        StreamOptions::default(),
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    assert_eq!(
+        r.read_to_end(&mut got).await.unwrap_err().kind(),
+        io::ErrorKind::InvalidInput
+    );
+    assert_eq!(got.len(), 16);
+    let again = r.read(&mut [0; 16]).await.unwrap_err();
+    assert_eq!(again.kind(), io::ErrorKind::InvalidInput);
+    assert!(again.to_string().contains("failed earlier"), "{again}");
+}
+
+/// The engine vanishes in the middle of a stream: its requests complete on
+/// the CPU, and the stream's output is whole and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_vanishes_mid_stream_loses_nothing() {
+    let mut sim = SimConfig::new(
+        "sim:vanishing",
+        vec![Algorithm::Cipher(CipherAlg::Aes128Ctr)],
+        Duration::from_micros(30),
+        2e9,
+    );
+    sim.queue_depth = 4;
+    let engine = Arc::new(SimEngine::new(sim));
+    let offload = Offload::builder()
+        .backend(engine.clone())
+        .pin("sim:vanishing")
+        .build()
+        .unwrap();
+    let s = session(&offload, CipherAlg::Aes128Ctr, 2, 0).await;
+    let data = bytes(1 << 20, 9);
+    let options = StreamOptions::default().depth(16).chunk(4096);
+    let mut w =
+        CipherWriter::new(Vec::new(), s.clone(), Direction::Encrypt, [3; 16], options).unwrap();
+    w.write_all(&data[..300_000]).await.unwrap();
+    engine.set_gone(true);
+    w.write_all(&data[300_000..]).await.unwrap();
+    w.shutdown().await.unwrap();
+    let ran = engine.requests();
+    assert!(ran > 0 && ran < 256, "the engine ran {ran} of 256 requests");
+    engine.set_gone(false);
+    assert_eq!(
+        w.into_inner(),
+        whole(&s, Direction::Encrypt, [3; 16], &data).await
+    );
+}
+
+/// A reader dropped with requests in flight on an engine: the engine
+/// finishes them and idles, and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_stream_with_requests_in_flight_is_safe() {
+    let mut sim = SimConfig::new(
+        "sim:slow",
+        vec![Algorithm::Cipher(CipherAlg::Aes256Ctr)],
+        Duration::from_millis(2),
+        1e9,
+    );
+    sim.queue_depth = 2;
+    let engine = Arc::new(SimEngine::new(sim));
+    let offload = Offload::builder()
+        .backend(engine.clone())
+        .pin("sim:slow")
+        .build()
+        .unwrap();
+    let s = session(&offload, CipherAlg::Aes256Ctr, 2, 0).await;
+    let data = bytes(1 << 18, 9);
+    let options = StreamOptions::default().depth(8).chunk(4096);
+    let mut r =
+        CipherReader::new(&data[..], s.clone(), Direction::Encrypt, [3; 16], options).unwrap();
+    let mut first = [0u8; 100];
+    r.read_exact(&mut first).await.unwrap();
+    drop(r);
+    tokio::time::timeout(Duration::from_secs(10), engine.idle())
+        .await
+        .expect("the engine idles");
+    let again = s.encrypt([3; 16], data[..4096].to_vec()).await.unwrap();
+    assert_eq!(&again[..100], &first[..]);
+}

@@ -22,7 +22,7 @@ pub struct StreamOptions {
 }
 
 impl Default for StreamOptions {
-    /// Four requests of 64 KiB in flight: 256 KiB buffered at most.
+    /// Four requests of 64 KiB in flight (384 KiB held at most).
     fn default() -> Self {
         StreamOptions {
             depth: 4,
@@ -32,6 +32,9 @@ impl Default for StreamOptions {
 }
 
 impl StreamOptions {
+    /// The largest request a stream sends: 16 MiB.
+    pub const MAX_CHUNK: usize = 16 << 20;
+
     /// Requests in flight at most (at least 1). CBC encryption chains each
     /// request's IV to the previous one's last ciphertext block, so it
     /// always runs one at a time.
@@ -40,9 +43,11 @@ impl StreamOptions {
         self
     }
 
-    /// Bytes a request carries: rounded down to whole blocks (CBC, CTR) or
-    /// data units (XTS), and at least one. The stream buffers up to `depth`
-    /// × `chunk` bytes.
+    /// Bytes a request carries: at most [`MAX_CHUNK`](Self::MAX_CHUNK),
+    /// rounded down to whole blocks (CBC, CTR) or data units (XTS), and at
+    /// least one. The stream holds up to (`depth` + 2) × `chunk` bytes: the
+    /// requests in flight, the one being gathered and the one being handed
+    /// on.
     pub fn chunk(mut self, len: usize) -> Self {
         self.chunk = len;
         self
@@ -86,7 +91,9 @@ struct Pipeline {
     sent: u64,
     queue: Queue,
     spare: Vec<Vec<u8>>,
-    failed: bool,
+    /// The error that ended the stream: its kind and message, which every
+    /// later call repeats.
+    failed: Option<(io::ErrorKind, String)>,
 }
 
 impl Pipeline {
@@ -111,7 +118,7 @@ impl Pipeline {
             })?,
             CipherMode::Cbc | CipherMode::Ctr => 16,
         };
-        let chunk = (options.chunk / granule).max(1) * granule;
+        let chunk = (options.chunk.min(StreamOptions::MAX_CHUNK) / granule).max(1) * granule;
         let mut pipe = Pipeline {
             session,
             encrypt: dir == Direction::Encrypt,
@@ -124,7 +131,7 @@ impl Pipeline {
             sent: 0,
             queue: Queue::default(),
             spare: Vec::new(),
-            failed: false,
+            failed: None,
         };
         let first = pipe.fresh();
         Ok((pipe, first))
@@ -154,8 +161,20 @@ impl Pipeline {
         }
     }
 
-    fn failed_before() -> io::Error {
-        io::Error::other("an earlier request of this stream failed")
+    /// Ends the stream with `e`: the requests in flight are dropped (an
+    /// engine holding a buffer keeps it until it is done), and every later
+    /// call fails with `e`'s kind.
+    fn fail(&mut self, e: io::Error) -> io::Error {
+        self.failed = Some((e.kind(), e.to_string()));
+        self.queue.clear();
+        e
+    }
+
+    /// The error of a call after the stream failed.
+    fn failed_before(&self) -> Option<io::Error> {
+        self.failed
+            .as_ref()
+            .map(|(kind, msg)| io::Error::new(*kind, format!("the stream failed earlier: {msg}")))
     }
 
     /// Sends the filling's data — all of it for CTR, its whole blocks or
@@ -253,10 +272,7 @@ impl Pipeline {
                 }
                 Ok(c)
             }
-            Err(e) => {
-                self.failed = true;
-                Err(e)
-            }
+            Err(e) => Err(self.fail(e)),
         }))
     }
 
@@ -281,8 +297,9 @@ impl Pipeline {
 /// Errors: a failed request (rare: a failing engine's requests are
 /// replayed on the CPU) and a CBC or XTS stream that ends inside a block or
 /// data unit ([`Error::DataLength`], kind `InvalidInput`, after the output
-/// of every whole one before it) end the stream: later reads fail. The inner reader's errors are passed on and the stream
-/// can be read again.
+/// of every whole one before it) end the stream: later reads fail with the
+/// same kind. The inner reader's errors are passed on after the output of
+/// what it delivered before them, and the stream can be read again.
 ///
 /// # Cancel safety
 /// `poll_read` keeps its state in the reader, so a `read` future dropped
@@ -299,6 +316,9 @@ pub struct CipherReader<R> {
     /// The stream ended inside a block or data unit: the error, handed out
     /// after the output before it.
     end_error: Option<Error>,
+    /// The inner reader's error, handed out after the output of what it
+    /// delivered before it; reading goes on after it.
+    inner_error: Option<io::Error>,
 }
 
 impl<R> core::fmt::Debug for CipherReader<R> {
@@ -337,6 +357,7 @@ impl<R: AsyncRead + Unpin> CipherReader<R> {
             out: None,
             eof: false,
             end_error: None,
+            inner_error: None,
         })
     }
 
@@ -351,9 +372,10 @@ impl<R: AsyncRead + Unpin> CipherReader<R> {
     }
 
     /// Reads ahead into fillings and sends them while requests may start;
-    /// whether the inner reader is waiting.
-    fn read_ahead(&mut self, cx: &mut Context<'_>) -> io::Result<bool> {
-        while !self.eof && self.pipe.can_send() {
+    /// whether the inner reader is waiting. An inner error is kept (what
+    /// came before it is sent) until the output before it is handed out.
+    fn read_ahead(&mut self, cx: &mut Context<'_>) -> bool {
+        while !self.eof && self.inner_error.is_none() && self.pipe.can_send() {
             let room = self.pipe.room(&self.filling);
             if room == 0 {
                 self.pipe.send(&mut self.filling);
@@ -362,8 +384,11 @@ impl<R: AsyncRead + Unpin> CipherReader<R> {
             let f = &mut self.filling;
             let mut rb = ReadBuf::new(&mut f.buf[f.end..f.end + room]);
             match Pin::new(&mut self.inner).poll_read(cx, &mut rb) {
-                Poll::Pending => return Ok(true),
-                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => return true,
+                Poll::Ready(Err(e)) => {
+                    self.inner_error = Some(e);
+                    self.pipe.send(&mut self.filling);
+                }
                 Poll::Ready(Ok(())) => {
                     let n = rb.filled().len();
                     if n == 0 {
@@ -376,7 +401,7 @@ impl<R: AsyncRead + Unpin> CipherReader<R> {
                 }
             }
         }
-        Ok(false)
+        false
     }
 }
 
@@ -387,8 +412,8 @@ impl<R: AsyncRead + Unpin> AsyncRead for CipherReader<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.pipe.failed {
-            return Poll::Ready(Err(Pipeline::failed_before()));
+        if let Some(e) = this.pipe.failed_before() {
+            return Poll::Ready(Err(e));
         }
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
@@ -403,9 +428,12 @@ impl<R: AsyncRead + Unpin> AsyncRead for CipherReader<R> {
                 {
                     this.pipe.recycle(v);
                 }
+                // Requests a first poll left waiting (tokio's budget) go to
+                // their engine now, not after the caller drains this one.
+                this.pipe.queue.poll_all(cx);
                 return Poll::Ready(Ok(()));
             }
-            let waiting = this.read_ahead(cx)?;
+            let waiting = this.read_ahead(cx);
             if waiting && this.pipe.queue.is_empty() {
                 // A slow source: send what there is rather than wait for a
                 // full chunk.
@@ -414,12 +442,14 @@ impl<R: AsyncRead + Unpin> AsyncRead for CipherReader<R> {
             match ready!(this.pipe.poll_next(cx)) {
                 Some(Ok(c)) => this.out = Some((c.buf, c.skip)),
                 Some(Err(e)) => return Poll::Ready(Err(e)),
+                None if this.inner_error.is_some() => {
+                    if let Some(e) = this.inner_error.take() {
+                        return Poll::Ready(Err(e));
+                    }
+                }
                 None if this.eof => {
                     return Poll::Ready(match this.end_error.take() {
-                        Some(e) => {
-                            this.pipe.failed = true;
-                            Err(e.into())
-                        }
+                        Some(e) => Err(this.pipe.fail(e.into())),
                         None => Ok(()),
                     });
                 }
@@ -443,7 +473,8 @@ impl<R: AsyncRead + Unpin> AsyncRead for CipherReader<R> {
 /// Errors: a failed request and a CBC or XTS stream that is shut down
 /// inside a block or data unit ([`Error::DataLength`], once every whole one
 /// before it is written; the inner writer is not shut down) end the stream;
-/// the inner writer's errors are passed on.
+/// the inner writer's errors are passed on. After `shutdown`, writes fail
+/// (`BrokenPipe`) and another `shutdown` does nothing.
 ///
 /// # Cancel safety
 /// The poll methods keep their state in the writer, so a `write` or
@@ -457,6 +488,8 @@ pub struct CipherWriter<W> {
     filling: Filling,
     /// An output being written to the inner writer, and how far.
     out: Option<(Vec<u8>, usize)>,
+    /// `shutdown` completed: writes fail, a second `shutdown` does nothing.
+    shut: bool,
 }
 
 impl<W> core::fmt::Debug for CipherWriter<W> {
@@ -488,6 +521,7 @@ impl<W: AsyncWrite + Unpin> CipherWriter<W> {
             pipe,
             filling,
             out: None,
+            shut: false,
         })
     }
 
@@ -510,7 +544,11 @@ impl<W: AsyncWrite + Unpin> CipherWriter<W> {
             if let Some((v, pos)) = &mut self.out {
                 while *pos < v.len() {
                     match Pin::new(&mut self.inner).poll_write(cx, &v[*pos..]) {
-                        Poll::Pending => return Ok(()),
+                        Poll::Pending => {
+                            // The later requests go on meanwhile.
+                            self.pipe.queue.poll_all(cx);
+                            return Ok(());
+                        }
                         Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
                         Poll::Ready(Ok(n)) => *pos += n,
                         Poll::Ready(Err(e)) => return Err(e),
@@ -532,8 +570,11 @@ impl<W: AsyncWrite + Unpin> CipherWriter<W> {
     /// gathered, waits for every request's output to be written, then
     /// flushes or shuts down the inner writer.
     fn poll_finish(&mut self, cx: &mut Context<'_>, last: bool) -> Poll<io::Result<()>> {
-        if self.pipe.failed {
-            return Poll::Ready(Err(Pipeline::failed_before()));
+        if let Some(e) = self.pipe.failed_before() {
+            return Poll::Ready(Err(e));
+        }
+        if self.shut {
+            return Poll::Ready(Ok(()));
         }
         loop {
             self.pump(cx)?;
@@ -561,10 +602,11 @@ impl<W: AsyncWrite + Unpin> CipherWriter<W> {
             // Everything whole is written: a partial block or unit left
             // is the caller's error.
             if let Err(e) = self.pipe.check_end(&self.filling) {
-                self.pipe.failed = true;
-                return Poll::Ready(Err(e.into()));
+                return Poll::Ready(Err(self.pipe.fail(e.into())));
             }
-            return inner.poll_shutdown(cx);
+            ready!(inner.poll_shutdown(cx))?;
+            self.shut = true;
+            return Poll::Ready(Ok(()));
         }
     }
 }
@@ -576,8 +618,14 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for CipherWriter<W> {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if this.pipe.failed {
-            return Poll::Ready(Err(Pipeline::failed_before()));
+        if let Some(e) = this.pipe.failed_before() {
+            return Poll::Ready(Err(e));
+        }
+        if this.shut {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "written after shutdown",
+            )));
         }
         if data.is_empty() {
             return Poll::Ready(Ok(0));

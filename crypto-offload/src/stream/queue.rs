@@ -43,6 +43,11 @@ impl Queue {
         self.slots.is_empty()
     }
 
+    /// Drops every request (a stream that failed).
+    pub(super) fn clear(&mut self) {
+        self.slots.clear();
+    }
+
     pub(super) fn push(&mut self, request: Running, skip: usize) {
         self.slots.push_back(Slot::Running(request, skip));
     }
