@@ -5,17 +5,9 @@
 
 use std::process::Command;
 
-fn offload(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_offload"))
-        .args(args)
-        .output()
-        .expect("the binary runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod common;
+
+use common::offload;
 
 /// The reference CRC of a file: the `crc` crate's 16-way table over its
 /// bytes, read in 1 MiB pieces.

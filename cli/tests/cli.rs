@@ -3,17 +3,9 @@
 
 use std::process::Command;
 
-fn offload(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_offload"))
-        .args(args)
-        .output()
-        .expect("the binary runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod common;
+
+use common::offload;
 
 #[test]
 fn probe_lists_the_cpu_and_the_simulated_engines() {

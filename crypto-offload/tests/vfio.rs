@@ -1060,6 +1060,15 @@ fn overload_through_offload_pinned_and_behind_the_selector() {
     });
 }
 
+/// The names of an `Offload`'s VFIO backends.
+fn vfio_names(o: &Offload) -> Vec<String> {
+    o.backends()
+        .into_iter()
+        .filter(|b| b.name.starts_with("vfio:"))
+        .map(|b| b.name)
+        .collect()
+}
+
 /// A second `Offload::discover` in the process shares the devices the
 /// first opened (a VFIO group opens once per process) instead of finding
 /// them busy; once every `Offload` holding them is gone, a third opens
@@ -1073,13 +1082,6 @@ fn a_second_discover_shares_the_devices_the_first_opened() {
     };
     let rt = rt();
     rt.block_on(async {
-        let vfio_names = |o: &Offload| -> Vec<String> {
-            o.backends()
-                .into_iter()
-                .filter(|b| b.name.starts_with("vfio:"))
-                .map(|b| b.name)
-                .collect()
-        };
         let want: Vec<String> = listed.iter().map(|a| format!("vfio:{a}")).collect();
         let first = Offload::discover().await.unwrap();
         let second = Offload::discover().await.unwrap();
@@ -1123,13 +1125,7 @@ fn two_discoveries_at_once_both_get_every_device() {
         let want: Vec<String> = listed.iter().map(|a| format!("vfio:{a}")).collect();
         let (a, b) = tokio::join!(Offload::discover(), Offload::discover());
         for o in [a.unwrap(), b.unwrap()] {
-            let names: Vec<String> = o
-                .backends()
-                .into_iter()
-                .filter(|b| b.name.starts_with("vfio:"))
-                .map(|b| b.name)
-                .collect();
-            assert_eq!(names, want, "{:?}", o.discovery());
+            assert_eq!(vfio_names(&o), want, "{:?}", o.discovery());
         }
     });
 }

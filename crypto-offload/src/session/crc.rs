@@ -53,6 +53,22 @@ struct Engines {
     slots: Arc<Slots>,
 }
 
+impl Engines {
+    /// The CRC of `buf` alone on the blocking pool, in `parts` pieces on
+    /// as many threads, combined.
+    fn spawn_checksum<B: Buffer>(
+        &self,
+        choice: crypto_offload_fallback::choice::Choice,
+        mut buf: B,
+        parts: usize,
+    ) -> CpuJob<u64, B> {
+        let alg = self.alg;
+        tokio::task::spawn_blocking(move || {
+            (Ok(checksum_split(alg, choice, buf.bytes_mut(), parts)), buf)
+        })
+    }
+}
+
 impl fmt::Debug for CrcSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CrcSession")
@@ -292,12 +308,8 @@ impl<'a, B: Buffer> Operation<'a, B> for ChecksumOp<'a> {
         offered
     }
 
-    fn spawn_cpu(&self, _: (), mut buf: B, parts: usize) -> CpuJob<u64, B> {
-        let alg = self.on.alg;
-        let choice = self.choice;
-        tokio::task::spawn_blocking(move || {
-            (Ok(checksum_split(alg, choice, buf.bytes_mut(), parts)), buf)
-        })
+    fn spawn_cpu(&self, _: (), buf: B, parts: usize) -> CpuJob<u64, B> {
+        self.on.spawn_checksum(self.choice, buf, parts)
     }
 
     fn job_done(&mut self, _: &(), crc: u64, buf: B) -> (B, u64) {
@@ -398,12 +410,8 @@ impl<'a, B: Buffer> Operation<'a, B> for CrcOp<'a> {
         offered
     }
 
-    fn spawn_cpu(&self, _: usize, mut buf: B, parts: usize) -> CpuJob<u64, B> {
-        let alg = self.on.alg;
-        let choice = self.crc.choice();
-        tokio::task::spawn_blocking(move || {
-            (Ok(checksum_split(alg, choice, buf.bytes_mut(), parts)), buf)
-        })
+    fn spawn_cpu(&self, _: usize, buf: B, parts: usize) -> CpuJob<u64, B> {
+        self.on.spawn_checksum(self.crc.choice(), buf, parts)
     }
 
     fn job_done(&mut self, &sent: &usize, piece: u64, buf: B) -> B {
