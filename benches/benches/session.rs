@@ -83,7 +83,7 @@ macro_rules! pair {
 }
 
 fn session(c: &mut Criterion) {
-    let offload = block(Offload::discover()).unwrap();
+    let offload = futures::executor::block_on(Offload::discover()).unwrap();
 
     let mut g = group(c, "session-ctr-128");
     let direct = fb::Ctr::new(&key(16)).unwrap();

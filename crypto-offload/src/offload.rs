@@ -289,6 +289,13 @@ impl Offload {
     /// in but unavailable here (no AF_ALG, no device, no permission) is left
     /// out, never an error.
     ///
+    /// With `vfio`, discoveries in a process take turns (they share the
+    /// devices they open), so this future may wait for another discovery,
+    /// and for up to 3 s on a tokio timer for a device this process opened
+    /// before to be let go of; run it on a tokio runtime, or with any
+    /// executor when there is no VFIO device. Without `vfio` it completes
+    /// without waiting.
+    ///
     /// # Errors
     /// None today; the signature leaves room for a probe that must fail
     /// loudly (a malformed explicit configuration).

@@ -18,7 +18,9 @@ fn block<F: std::future::Future>(f: F) -> F::Output {
 
 fn offloads() -> [Offload; 2] {
     [
-        block(Offload::discover()).unwrap(),
+        // Not `block`: discovery takes a process-wide lock (VFIO devices
+        // are shared) and waits for it while another test discovers.
+        futures::executor::block_on(Offload::discover()).unwrap(),
         Offload::builder()
             .backend(common::Engine::new("engine").shared())
             .pin("engine")
