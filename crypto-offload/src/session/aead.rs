@@ -222,11 +222,11 @@ impl AeadSession {
         }
     }
 
-    fn check(&self, nonce: Result<[u8; 12], usize>, len: usize) -> Result<[u8; 12], Error> {
+    fn check(&self, nonce: Result<[u8; 12], u32>, len: usize) -> Result<[u8; 12], Error> {
         let alg: Algorithm = self.alg.into();
         let nonce = nonce.map_err(|given| Error::IvLength {
             alg,
-            len: given,
+            len: given as usize,
             expected: 12,
         })?;
         if len as u64 > GCM_MAX_LEN {
@@ -320,7 +320,7 @@ debug_request!(SealDetached, Seal, Open);
 pub(crate) struct SealOp<'a> {
     session: &'a AeadSession,
     aad: &'a [u8],
-    nonce: Result<[u8; 12], usize>,
+    nonce: Result<[u8; 12], u32>,
 }
 
 impl<'a, B: Buffer> Operation<'a, B> for SealOp<'a> {
@@ -412,7 +412,7 @@ impl<'a, B: Buffer> Operation<'a, B> for SealOp<'a> {
 pub(crate) struct OpenOp<'a> {
     session: &'a AeadSession,
     aad: &'a [u8],
-    nonce: Result<[u8; 12], usize>,
+    nonce: Result<[u8; 12], u32>,
     tag: Option<&'a [u8]>,
 }
 

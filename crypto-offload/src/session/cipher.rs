@@ -174,11 +174,11 @@ impl CipherSession {
         ))
     }
 
-    fn params(&self, iv: Result<[u8; 16], usize>, len: usize) -> Result<CipherParams, Error> {
+    fn params(&self, iv: Result<[u8; 16], u32>, len: usize) -> Result<CipherParams, Error> {
         let alg: Algorithm = self.alg.into();
         let iv = iv.map_err(|given| Error::IvLength {
             alg,
-            len: given,
+            len: given as usize,
             expected: 16,
         })?;
         let rule = match self.alg.mode() {
@@ -243,7 +243,7 @@ impl<B: Buffer> fmt::Debug for CipherRequest<'_, B> {
 pub(crate) struct CipherOp<'a> {
     session: &'a CipherSession,
     encrypt: bool,
-    iv: Result<[u8; 16], usize>,
+    iv: Result<[u8; 16], u32>,
 }
 
 impl<'a, B: Buffer> Operation<'a, B> for CipherOp<'a> {

@@ -30,23 +30,25 @@
 /// # Ok::<(), crypto_offload::Error>(()) }).unwrap();
 /// ```
 pub trait IvInput<const N: usize>: sealed::Sealed<N> {
-    /// The bytes, or the length given if it is not `N`.
+    /// The bytes, or the length given if it is not `N` (a `u32`, saturated:
+    /// it keeps the request futures, which hold it, at their size before
+    /// IVs were taken by value).
     #[doc(hidden)]
-    fn into_block(self) -> Result<[u8; N], usize>;
+    fn into_block(self) -> Result<[u8; N], u32>;
 }
 
 impl<const N: usize> IvInput<N> for [u8; N] {
     #[inline]
-    fn into_block(self) -> Result<[u8; N], usize> {
+    fn into_block(self) -> Result<[u8; N], u32> {
         Ok(self)
     }
 }
 
 impl<const N: usize, T: AsRef<[u8]> + ?Sized> IvInput<N> for &T {
     #[inline]
-    fn into_block(self) -> Result<[u8; N], usize> {
+    fn into_block(self) -> Result<[u8; N], u32> {
         let bytes = self.as_ref();
-        <[u8; N]>::try_from(bytes).map_err(|_| bytes.len())
+        <[u8; N]>::try_from(bytes).map_err(|_| u32::try_from(bytes.len()).unwrap_or(u32::MAX))
     }
 }
 

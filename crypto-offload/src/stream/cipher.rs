@@ -106,7 +106,7 @@ impl Pipeline {
         let alg: Algorithm = session.alg().into();
         let iv = iv.into_block().map_err(|len| Error::IvLength {
             alg,
-            len,
+            len: len as usize,
             expected: 16,
         })?;
         let mode = session.alg().mode();
