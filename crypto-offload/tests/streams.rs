@@ -478,19 +478,13 @@ async fn an_inner_writer_s_errors_come_through() {
 /// the engine ran them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deep_stream_on_a_narrow_engine_loses_nothing() {
-    let mut sim = SimConfig::new(
+    let (engine, offload) = pinned_sim(
         "sim:narrow",
-        vec![Algorithm::Cipher(CipherAlg::Aes256Xts)],
+        CipherAlg::Aes256Xts,
         Duration::from_micros(20),
         2e9,
+        2,
     );
-    sim.queue_depth = 2;
-    let engine = Arc::new(SimEngine::new(sim));
-    let offload = Offload::builder()
-        .backend(engine.clone())
-        .pin("sim:narrow")
-        .build()
-        .unwrap();
     let s = session(&offload, CipherAlg::Aes256Xts, 4, 512).await;
     let data = bytes(1 << 20, 5);
     let options = StreamOptions::default().depth(64).chunk(1024);
@@ -656,19 +650,13 @@ async fn a_failed_stream_keeps_its_error_kind() {
 /// the CPU, and the stream's output is whole and in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_that_vanishes_mid_stream_loses_nothing() {
-    let mut sim = SimConfig::new(
+    let (engine, offload) = pinned_sim(
         "sim:vanishing",
-        vec![Algorithm::Cipher(CipherAlg::Aes128Ctr)],
+        CipherAlg::Aes128Ctr,
         Duration::from_micros(30),
         2e9,
+        4,
     );
-    sim.queue_depth = 4;
-    let engine = Arc::new(SimEngine::new(sim));
-    let offload = Offload::builder()
-        .backend(engine.clone())
-        .pin("sim:vanishing")
-        .build()
-        .unwrap();
     let s = session(&offload, CipherAlg::Aes128Ctr, 2, 0).await;
     let data = bytes(1 << 20, 9);
     let options = StreamOptions::default().depth(16).chunk(4096);
@@ -691,19 +679,13 @@ async fn a_device_that_vanishes_mid_stream_loses_nothing() {
 /// finishes them and idles, and the session goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_stream_with_requests_in_flight_is_safe() {
-    let mut sim = SimConfig::new(
+    let (engine, offload) = pinned_sim(
         "sim:slow",
-        vec![Algorithm::Cipher(CipherAlg::Aes256Ctr)],
+        CipherAlg::Aes256Ctr,
         Duration::from_millis(2),
         1e9,
+        2,
     );
-    sim.queue_depth = 2;
-    let engine = Arc::new(SimEngine::new(sim));
-    let offload = Offload::builder()
-        .backend(engine.clone())
-        .pin("sim:slow")
-        .build()
-        .unwrap();
     let s = session(&offload, CipherAlg::Aes256Ctr, 2, 0).await;
     let data = bytes(1 << 18, 9);
     let options = StreamOptions::default().depth(8).chunk(4096);
@@ -717,4 +699,24 @@ async fn dropping_a_stream_with_requests_in_flight_is_safe() {
         .expect("the engine idles");
     let again = s.encrypt([3; 16], data[..4096].to_vec()).await.unwrap();
     assert_eq!(&again[..100], &first[..]);
+}
+
+/// A simulated engine for `alg` alone, with one queue of `depth`, and an
+/// `Offload` pinned to it.
+fn pinned_sim(
+    name: &str,
+    alg: CipherAlg,
+    latency: Duration,
+    bandwidth: f64,
+    depth: usize,
+) -> (Arc<SimEngine>, Offload) {
+    let mut sim = SimConfig::new(name, vec![Algorithm::Cipher(alg)], latency, bandwidth);
+    sim.queue_depth = depth;
+    let engine = Arc::new(SimEngine::new(sim));
+    let offload = Offload::builder()
+        .backend(engine.clone())
+        .pin(name)
+        .build()
+        .unwrap();
+    (engine, offload)
 }
