@@ -1,18 +1,24 @@
 //! AES-CBC without padding (NIST SP 800-38A §6.2): the data must be whole
 //! 16-byte blocks. Padding, when a protocol wants it, belongs to the caller.
 //!
-//! Encryption is inherently serial (each block waits for the previous one);
-//! it runs in one backend call so the round keys are loaded once. Decryption
-//! is parallel and uses the widest batch the CPU has.
+//! On RustCrypto, both directions run the `cbc` crate over the `aes` crate,
+//! except decryption of requests from `CHAIN_FROM` bytes on a backend
+//! that decrypts more than 8 blocks at once (VAES): there this crate's own
+//! chain (`Chain`) runs. Measured in paired rounds (`paired --group cbc`,
+//! AES-256): on AMD Zen 3, where the `aes` crate runs AES-NI (8 blocks at
+//! once: `cpufeatures` 0.3.1 reports VAES only with AVX-512 state enabled),
+//! the `cbc` crate decrypts 64 B in 21 ns against the own chain's 41 and is
+//! ahead up to 4 KiB (7.1 vs 6.8 GB/s) and level beyond; encryption is
+//! serial and the two are level. On AMD Zen 4 (VAES-512) the `cbc` crate is
+//! ahead at 16–64 B (0.24 vs 0.21 GB/s at 16 B) and the own chain from
+//! 1 KiB (4.6 vs 4.2 GB/s; 6.5 vs 5.5 at 64 KiB).
 
-use aes::Aes128;
+use aes::{Aes128, Aes192, Aes256};
+use cbc::{Decryptor, Encryptor};
 use cipher::array::Array;
 use cipher::consts::U16;
 use cipher::typenum::Unsigned;
-use cipher::{
-    BlockCipherDecBackend, BlockCipherDecClosure, BlockCipherEncBackend, BlockCipherEncClosure,
-    BlockSizeUser,
-};
+use cipher::{BlockCipherDecBackend, BlockCipherDecClosure, BlockSizeUser};
 
 use crate::block_cipher::{Aes, KeySize, blocks_mut};
 use crate::choice::{self, Choice, Mode, RunsOn, Split};
@@ -31,7 +37,9 @@ pub struct Cbc {
 // built once per session.
 #[allow(clippy::large_enum_variant)]
 enum Imp {
-    RustCrypto(Aes),
+    /// The key schedule, and the request length from which decryption runs
+    /// the own chain ([`chain_from`]).
+    RustCrypto(Aes, usize),
     #[cfg(feature = "aws-lc")]
     AwsLc {
         enc: aws_lc_rs::cipher::EncryptingKey,
@@ -44,7 +52,10 @@ impl Imp {
     fn new(key: &[u8], imp: Implementation) -> Result<Imp, Error> {
         let aes = Aes::new(key, ALG)?;
         Ok(match imp {
-            Implementation::RustCrypto => Imp::RustCrypto(aes),
+            Implementation::RustCrypto => {
+                let from = chain_from(&aes);
+                Imp::RustCrypto(aes, from)
+            }
             #[cfg(feature = "aws-lc")]
             Implementation::AwsLc => {
                 use aws_lc_rs::cipher::{DecryptingKey, EncryptingKey};
@@ -70,7 +81,7 @@ impl Imp {
 impl RunsOn for Imp {
     fn implementation(&self) -> Implementation {
         match self {
-            Imp::RustCrypto(_) => Implementation::RustCrypto,
+            Imp::RustCrypto(..) => Implementation::RustCrypto,
             #[cfg(feature = "aws-lc")]
             Imp::AwsLc { .. } => Implementation::AwsLc,
         }
@@ -130,7 +141,7 @@ impl Cbc {
     /// The AES key size.
     pub fn key_size(&self) -> KeySize {
         match self.imp.small() {
-            Imp::RustCrypto(aes) => aes.key_size(),
+            Imp::RustCrypto(aes, _) => aes.key_size(),
             #[cfg(feature = "aws-lc")]
             Imp::AwsLc { size, .. } => *size,
         }
@@ -163,12 +174,21 @@ impl Cbc {
             return Ok(());
         }
         match self.imp.for_len(data.len()) {
-            Imp::RustCrypto(aes) => {
+            Imp::RustCrypto(aes, _) => {
+                use cipher::{BlockModeEncrypt, InnerIvInit};
                 let (blocks, _) = blocks_mut(data);
-                aes.encrypt_with(Chain {
-                    blocks,
-                    iv: (*iv).into(),
-                });
+                let iv = &(*iv).into();
+                match aes {
+                    Aes::A128(c) => {
+                        Encryptor::<&Aes128>::inner_iv_init(c, iv).encrypt_blocks(blocks)
+                    }
+                    Aes::A192(c) => {
+                        Encryptor::<&Aes192>::inner_iv_init(c, iv).encrypt_blocks(blocks)
+                    }
+                    Aes::A256(c) => {
+                        Encryptor::<&Aes256>::inner_iv_init(c, iv).encrypt_blocks(blocks)
+                    }
+                }
                 Ok(())
             }
             #[cfg(feature = "aws-lc")]
@@ -186,13 +206,30 @@ impl Cbc {
         if data.is_empty() {
             return Ok(());
         }
-        match self.imp.for_len(data.len()) {
-            Imp::RustCrypto(aes) => {
+        let data_len = data.len();
+        match self.imp.for_len(data_len) {
+            Imp::RustCrypto(aes, chain_from) => {
+                use cipher::{BlockModeDecrypt, InnerIvInit};
                 let (blocks, _) = blocks_mut(data);
-                aes.decrypt_with(Chain {
-                    blocks,
-                    iv: (*iv).into(),
-                });
+                if data_len >= *chain_from {
+                    aes.decrypt_with(Chain {
+                        blocks,
+                        iv: (*iv).into(),
+                    });
+                    return Ok(());
+                }
+                let iv = &(*iv).into();
+                match aes {
+                    Aes::A128(c) => {
+                        Decryptor::<&Aes128>::inner_iv_init(c, iv).decrypt_blocks(blocks)
+                    }
+                    Aes::A192(c) => {
+                        Decryptor::<&Aes192>::inner_iv_init(c, iv).decrypt_blocks(blocks)
+                    }
+                    Aes::A256(c) => {
+                        Decryptor::<&Aes256>::inner_iv_init(c, iv).decrypt_blocks(blocks)
+                    }
+                }
                 Ok(())
             }
             #[cfg(feature = "aws-lc")]
@@ -213,6 +250,32 @@ fn check_len(len: usize) -> Result<(), Error> {
     }
 }
 
+/// Requests from this many bytes decrypt on the own chain when the
+/// backend is wider than AES-NI's 8 blocks (see the module docs).
+const CHAIN_FROM: usize = 1024;
+
+/// The request length from which `aes` decrypts on [`Chain`]: [`CHAIN_FROM`]
+/// on a backend that runs more than 8 blocks at once, never on narrower ones.
+fn chain_from(aes: &Aes) -> usize {
+    let mut par = 0;
+    aes.decrypt_with(ParBlocks(&mut par));
+    if par > 8 { CHAIN_FROM } else { usize::MAX }
+}
+
+/// Reads the batch size of the backend the `aes` crate runs on this CPU.
+struct ParBlocks<'a>(&'a mut usize);
+
+impl BlockSizeUser for ParBlocks<'_> {
+    type BlockSize = U16;
+}
+
+impl BlockCipherDecClosure for ParBlocks<'_> {
+    fn call<B: BlockCipherDecBackend<BlockSize = U16>>(self, _: &B) {
+        *self.0 = <B::ParBlocksSize as Unsigned>::USIZE;
+    }
+}
+
+/// CBC decryption of whole blocks in the backend's widest batches.
 struct Chain<'a> {
     blocks: &'a mut [Block],
     iv: Block,
@@ -227,18 +290,6 @@ fn xor_into(b: &mut Block, k: &Block) {
     *b = (u128::from_ne_bytes(b.0) ^ u128::from_ne_bytes(k.0))
         .to_ne_bytes()
         .into();
-}
-
-impl BlockCipherEncClosure for Chain<'_> {
-    #[inline(always)]
-    fn call<B: BlockCipherEncBackend<BlockSize = U16>>(self, backend: &B) {
-        let mut prev = self.iv;
-        for b in self.blocks.iter_mut() {
-            xor_into(b, &prev);
-            backend.encrypt_block_inplace(b);
-            prev = *b;
-        }
-    }
 }
 
 impl BlockCipherDecClosure for Chain<'_> {
@@ -278,6 +329,37 @@ impl BlockCipherDecClosure for Chain<'_> {
         xor_into(&mut tail[0], &prev);
         for (b, c) in tail[1..].iter_mut().zip(ct.iter()) {
             xor_into(b, c);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cipher::{BlockModeDecrypt, InnerIvInit, KeyInit};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// The own chain runs only on wide (VAES) backends from 1 KiB, so
+        /// it is checked here directly, on whatever backend this CPU has,
+        /// at every length: whole batches, short tails and padded ones.
+        #[test]
+        fn the_own_chain_decrypts_as_the_cbc_crate_does(
+            key in any::<[u8; 32]>(),
+            iv in any::<[u8; 16]>(),
+            data in proptest::collection::vec(any::<u8>(), 0..2048),
+        ) {
+            let mut data = data;
+            data.truncate(data.len() / 16 * 16);
+            let mut ours = data.clone();
+            let aes = Aes::new(&key, ALG).unwrap();
+            let (blocks, _) = blocks_mut(&mut ours);
+            aes.decrypt_with(Chain { blocks, iv: iv.into() });
+            let rc = Aes256::new_from_slice(&key).unwrap();
+            let (blocks, _) = blocks_mut(&mut data);
+            Decryptor::<&Aes256>::inner_iv_init(&rc, &iv.into()).decrypt_blocks(blocks);
+            prop_assert_eq!(ours, data);
         }
     }
 }
