@@ -243,6 +243,19 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
         };
         out += &format!("  {:<6} {runs:<30} ({why})\n", mode.name());
     }
+    let crc64 = cpu_choice::crc64_limit_measured();
+    let each: Vec<String> = crc64
+        .timings
+        .iter()
+        .map(|(len, table, fast)| format!("{len} B {}/{}", table.as_nanos(), fast.as_nanos()))
+        .collect();
+    let runs = format!("table to {}, then crc-fast", size_name(crc64.limit - 1));
+    out += &format!(
+        "  {:<6} {runs:<30} (measured in {:.2} ms, ns table/crc-fast: {})\n",
+        "crc-64",
+        crc64.took.as_secs_f64() * 1e3,
+        each.join(", ")
+    );
     out
 }
 

@@ -28,6 +28,12 @@ use std::time::{Duration, Instant};
 
 use crate::{Cbc, CrcAlg, Ctr, Error, Gcm, Implementation, Xts};
 
+/// The CRC-64s are not a [`Mode`]: they run on this crate's table below a
+/// measured length and on crc-fast from there.
+pub use crate::crc64_limit::{
+    Crc64Limit, LADDER as CRC64_LADDER, crc64_limit_measured, crc64_table_limit,
+};
+
 /// A mode whose CPU implementation is chosen per machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -5,6 +5,7 @@
 use core::fmt;
 
 use crate::choice::{self, Choice, Mode};
+use crate::crc64_limit::crc64_table_limit;
 use crate::crc64_table::{self, Tables};
 use crate::{Error, Implementation};
 
@@ -152,11 +153,13 @@ impl fmt::Debug for Crc {
 }
 
 /// CRC-64 inputs shorter than this go to this crate's slicing-by-16 table
-/// (the CRC-32s follow their measured [`Choice`] instead: 0 here).
-pub const fn small_limit(alg: CrcAlg) -> usize {
+/// (measured: [`crc64_table_limit`]); the CRC-32s follow their measured
+/// [`Choice`] instead (0 here).
+#[inline]
+pub(crate) fn small_limit(alg: CrcAlg) -> usize {
     match alg {
         CrcAlg::Crc32IsoHdlc | CrcAlg::Crc32Iscsi => 0,
-        CrcAlg::Crc64Nvme | CrcAlg::Crc64Xz | CrcAlg::Crc64GoIso => 128,
+        CrcAlg::Crc64Nvme | CrcAlg::Crc64Xz | CrcAlg::Crc64GoIso => crc64_table_limit(),
     }
 }
 
@@ -257,6 +260,8 @@ impl Crc {
 
     /// [`Crc::resume`] on `choice`.
     pub fn resume_with_choice(alg: CrcAlg, choice: Choice, crc: u64, len: u64) -> Self {
+        // A CRC-64's table limit is measured here, not in its first update.
+        small_limit(alg);
         Crc {
             alg,
             choice,
