@@ -93,7 +93,8 @@ impl CpuBackend {
         // XTS-AES-128) runs that key on the default.
         Ok(match alg.mode() {
             CipherMode::Cbc => {
-                CpuCipher::Cbc(fb::Cbc::with_choice(key, self.choice(Mode::Cbc).0).map_err(map)?)
+                let (enc, dec) = (self.choice(Mode::Cbc).0, self.choice(Mode::CbcDecrypt).0);
+                CpuCipher::Cbc(fb::Cbc::with_choices(key, enc, dec).map_err(map)?)
             }
             CipherMode::Ctr => {
                 CpuCipher::Ctr(fb::Ctr::with_choice(key, self.choice(Mode::Ctr).0).map_err(map)?)

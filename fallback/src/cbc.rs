@@ -29,8 +29,14 @@ type Block = cipher::Block<Aes128>;
 const ALG: &str = "AES-CBC";
 
 /// An AES-CBC key.
+///
+/// Encryption and decryption each run on their own choice
+/// ([`Mode::Cbc`], [`Mode::CbcDecrypt`]): one is serial and the other
+/// parallel, and the fastest implementation differs between them.
 pub struct Cbc {
     imp: Split<Imp>,
+    /// Decryption's, when its choice differs from encryption's.
+    dec: Option<Split<Imp>>,
 }
 
 // The key schedule stays inline (no pointer chase per request); a key is
@@ -93,6 +99,7 @@ impl core::fmt::Debug for Cbc {
         f.debug_struct("Cbc")
             .field("key_size", &self.key_size())
             .field("choice", &self.choice())
+            .field("decrypt_choice", &self.decrypt_choice())
             .finish_non_exhaustive()
     }
 }
@@ -104,13 +111,18 @@ impl Cbc {
     pub const DEFAULT_IMPLEMENTATION: Implementation = choice::default_choice(Mode::Cbc).small;
 
     /// Expands a 16-, 24- or 32-byte key on the implementations measured
-    /// fastest on this machine, per size class ([`choice::measured`]: the
-    /// first key in a process measures them, 1–4 ms).
+    /// fastest on this machine, per direction and size class
+    /// ([`choice::measured`]: the first key in a process measures them,
+    /// 1–6 ms).
     ///
     /// # Errors
     /// [`Error::KeyLength`] for any other length.
     pub fn new(key: &[u8]) -> Result<Self, Error> {
-        Self::with_choice(key, choice::measured(Mode::Cbc))
+        Self::with_choices(
+            key,
+            choice::measured(Mode::Cbc),
+            choice::measured(Mode::CbcDecrypt),
+        )
     }
 
     /// Expands a key for a chosen implementation.
@@ -121,21 +133,39 @@ impl Cbc {
     pub fn with_implementation(key: &[u8], imp: Implementation) -> Result<Self, Error> {
         Ok(Cbc {
             imp: Split::one(Imp::new(key, imp)?),
+            dec: None,
         })
     }
 
     /// Expands a key for `choice` (one implementation for small requests,
-    /// one for large). One that has no CBC (ring) is replaced by the
-    /// build's default.
+    /// one for large), in both directions. One that has no CBC (ring) is
+    /// replaced by the build's default.
     ///
     /// # Errors
     /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
     pub fn with_choice(key: &[u8], choice: Choice) -> Result<Self, Error> {
-        Ok(Cbc {
-            imp: Split::new(choice, Self::DEFAULT_IMPLEMENTATION, |imp| {
+        Self::with_choices(key, choice, choice)
+    }
+
+    /// Expands a key for `encrypt`'s choice in encryption and `decrypt`'s
+    /// in decryption (e.g. both saved in a profile). When they differ, the
+    /// key is expanded for each.
+    ///
+    /// # Errors
+    /// [`Error::KeyLength`] for a key that is not 16, 24 or 32 bytes.
+    pub fn with_choices(key: &[u8], encrypt: Choice, decrypt: Choice) -> Result<Self, Error> {
+        let split = |choice| {
+            Split::new(choice, Self::DEFAULT_IMPLEMENTATION, |imp| {
                 Imp::new(key, imp)
-            })?,
-        })
+            })
+        };
+        let imp = split(encrypt)?;
+        let dec = if imp.choice() == split_choice(decrypt) {
+            None
+        } else {
+            Some(split(decrypt)?)
+        };
+        Ok(Cbc { imp, dec })
     }
 
     /// The AES key size.
@@ -153,14 +183,29 @@ impl Cbc {
         self.imp.small().implementation()
     }
 
-    /// The implementations this key runs small and large requests on.
+    /// The implementations this key encrypts small and large requests on.
     pub fn choice(&self) -> Choice {
         self.imp.choice()
     }
 
-    /// The implementation a `len`-byte request runs on.
+    /// The implementations this key decrypts small and large requests on.
+    pub fn decrypt_choice(&self) -> Choice {
+        self.decryptor().choice()
+    }
+
+    /// The implementation a `len`-byte encryption runs on.
     pub fn implementation_for(&self, len: usize) -> Implementation {
         self.imp.for_len(len).implementation()
+    }
+
+    /// The implementation a `len`-byte decryption runs on.
+    pub fn decrypt_implementation_for(&self, len: usize) -> Implementation {
+        self.decryptor().for_len(len).implementation()
+    }
+
+    #[inline]
+    fn decryptor(&self) -> &Split<Imp> {
+        self.dec.as_ref().unwrap_or(&self.imp)
     }
 
     /// Encrypts `data` (a multiple of 16 bytes, possibly empty) in place.
@@ -207,7 +252,7 @@ impl Cbc {
             return Ok(());
         }
         let data_len = data.len();
-        match self.imp.for_len(data_len) {
+        match self.decryptor().for_len(data_len) {
             Imp::RustCrypto(aes, chain_from) => {
                 use cipher::{BlockModeDecrypt, InnerIvInit};
                 let (blocks, _) = blocks_mut(data);
@@ -235,6 +280,23 @@ impl Cbc {
             #[cfg(feature = "aws-lc")]
             Imp::AwsLc { dec, .. } => crate::aws_lc::decrypt_with_iv(dec, iv, data),
         }
+    }
+}
+
+/// `choice` as [`Split::new`] keeps it: ring, which has no CBC, replaced
+/// by the default.
+fn split_choice(choice: Choice) -> Choice {
+    let keep = |imp: Implementation| {
+        if Mode::Cbc.candidates().contains(&imp) {
+            imp
+        } else {
+            Cbc::DEFAULT_IMPLEMENTATION
+        }
+    };
+    Choice {
+        small: keep(choice.small),
+        large: keep(choice.large),
+        small_max: choice.small_max,
     }
 }
 

@@ -42,8 +42,12 @@ pub enum Mode {
     Gcm,
     /// AES-CTR.
     Ctr,
-    /// AES-CBC (encryption and decryption on the same implementation).
+    /// AES-CBC encryption (serial: one block after the other).
     Cbc,
+    /// AES-CBC decryption (parallel), chosen apart from encryption: on
+    /// AMD Zen 3 aws-lc encrypts 1 KiB 1.07× faster than the `cbc` crate
+    /// and decrypts it 1.12× slower.
+    CbcDecrypt,
     /// AES-XTS (AWS-LC's is XTS-AES-256 only: XTS-AES-128 and -192 keys
     /// run on RustCrypto whatever the choice).
     Xts,
@@ -55,10 +59,11 @@ pub enum Mode {
 
 impl Mode {
     /// Every mode chosen by measurement.
-    pub const ALL: [Mode; 6] = [
+    pub const ALL: [Mode; 7] = [
         Mode::Gcm,
         Mode::Ctr,
         Mode::Cbc,
+        Mode::CbcDecrypt,
         Mode::Xts,
         Mode::Crc32,
         Mode::Crc32c,
@@ -70,6 +75,7 @@ impl Mode {
             Mode::Gcm => "gcm",
             Mode::Ctr => "ctr",
             Mode::Cbc => "cbc",
+            Mode::CbcDecrypt => "cbc-decrypt",
             Mode::Xts => "xts",
             Mode::Crc32 => "crc32",
             Mode::Crc32c => "crc32c",
@@ -96,7 +102,7 @@ impl Mode {
     pub fn candidates(self) -> &'static [Implementation] {
         match self {
             Mode::Gcm => Implementation::ALL,
-            Mode::Ctr | Mode::Cbc | Mode::Xts => &[
+            Mode::Ctr | Mode::Cbc | Mode::CbcDecrypt | Mode::Xts => &[
                 Implementation::RustCrypto,
                 #[cfg(feature = "aws-lc")]
                 Implementation::AwsLc,
@@ -612,6 +618,7 @@ enum Keyed {
     Gcm(Gcm),
     Ctr(Ctr),
     Cbc(Cbc),
+    CbcDecrypt(Cbc),
     Xts(Xts),
     Crc(CrcAlg, Choice),
 }
@@ -630,6 +637,7 @@ impl Runner {
                 Mode::Gcm => Keyed::Gcm(Gcm::with_implementation(&key, imp)?),
                 Mode::Ctr => Keyed::Ctr(Ctr::with_implementation(&key, imp)?),
                 Mode::Cbc => Keyed::Cbc(Cbc::with_implementation(&key, imp)?),
+                Mode::CbcDecrypt => Keyed::CbcDecrypt(Cbc::with_implementation(&key, imp)?),
                 Mode::Xts => Keyed::Xts(Xts::with_implementation(&xts_key, imp)?),
                 Mode::Crc32 | Mode::Crc32c if !mode.candidates().contains(&imp) => {
                     return Err(Error::Unavailable {
@@ -655,6 +663,7 @@ impl Runner {
             Keyed::Gcm(k) => k.seal_in_place_detached(&[i as u8; 12], &[], buf).map(drop),
             Keyed::Ctr(k) => k.apply_keystream(&iv, buf),
             Keyed::Cbc(k) => k.encrypt(&iv, buf),
+            Keyed::CbcDecrypt(k) => k.decrypt(&iv, buf),
             Keyed::Xts(k) => k.encrypt_units(&iv, Mode::probe_unit(buf.len()), buf),
             Keyed::Crc(alg, c) => {
                 std::hint::black_box(crate::crc::checksum_with(*alg, *c, buf));

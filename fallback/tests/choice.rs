@@ -154,8 +154,17 @@ proptest! {
         let reference = Cbc::with_implementation(&key, Implementation::RustCrypto).unwrap();
         let mut want = blocks.to_vec();
         reference.encrypt(&iv, &mut want).unwrap();
-        for (c, cbc) in pairs(Mode::Cbc, &key, small_max, |k, c| Cbc::with_choice(k, c).unwrap()) {
+        // Decryption on its own choice: the encryption's with small and
+        // large swapped.
+        let swapped = |c: Choice| Choice { small: c.large, large: c.small, ..c };
+        for (c, cbc) in pairs(Mode::Cbc, &key, small_max, |k, c| {
+            Cbc::with_choices(k, c, swapped(c)).unwrap()
+        }) {
             prop_assert_eq!(cbc.implementation_for(blocks.len()), meant(c, blocks.len()));
+            prop_assert_eq!(
+                cbc.decrypt_implementation_for(blocks.len()),
+                meant(swapped(c), blocks.len())
+            );
             let mut got = blocks.to_vec();
             cbc.encrypt(&iv, &mut got).unwrap();
             prop_assert_eq!(&got, &want, "CBC {:?}", c);
@@ -401,6 +410,9 @@ fn a_key_reports_the_choice_it_was_given() {
             };
             assert_eq!(Ctr::with_choice(&key[..16], c).unwrap().choice(), c);
             assert_eq!(Cbc::with_choice(&key[..16], c).unwrap().choice(), c);
+            let one = Choice::one(small);
+            let cbc = Cbc::with_choices(&key[..16], one, c).unwrap();
+            assert_eq!((cbc.choice(), cbc.decrypt_choice()), (one, c));
             assert_eq!(Gcm::with_choice(&key[..16], c).unwrap().choice(), c);
             assert_eq!(Xts::with_choice(&key, c).unwrap().choice(), c);
         }
