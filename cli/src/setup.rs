@@ -241,7 +241,7 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
                 choice.large.name()
             )
         };
-        out += &format!("  {:<6} {runs:<30} ({why})\n", mode.name());
+        out += &format!("  {:<11} {runs:<30} ({why})\n", mode.name());
     }
     let crc64 = cpu_choice::crc64_limit_measured();
     let each: Vec<String> = crc64
@@ -251,7 +251,7 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
         .collect();
     let runs = format!("table to {}, then crc-fast", size_name(crc64.limit - 1));
     out += &format!(
-        "  {:<6} {runs:<30} (measured in {:.2} ms, ns table/crc-fast: {})\n",
+        "  {:<11} {runs:<30} (measured in {:.2} ms, ns table/crc-fast: {})\n",
         "crc-64",
         crc64.took.as_secs_f64() * 1e3,
         each.join(", ")

@@ -72,8 +72,15 @@ impl CpuBackend {
     /// forced and it has not been yet). A forced or given implementation
     /// that does not take a key's size (ring and AES-192) runs that key on
     /// the build's default instead.
+    ///
+    /// CBC decryption given nothing of its own takes what CBC encryption
+    /// was given (a profile saved before the two were chosen apart, or a
+    /// builder that set [`Mode::Cbc`] meaning both).
     pub fn choice(&self, mode: Mode) -> (Choice, ChoiceSource) {
-        let given = self.given(mode);
+        let given = match mode {
+            Mode::CbcDecrypt => self.given(mode).or(self.given(Mode::Cbc)),
+            _ => self.given(mode),
+        };
         match (self.implementation, given) {
             (Some(i), _) if mode.candidates().contains(&i) => {
                 (Choice::one(i), ChoiceSource::Forced)

@@ -497,6 +497,22 @@ async fn the_cpu_choice_is_measured_saved_and_loaded_with_the_profile() {
         loaded.profile().cpu_implementations,
         given.cpu_implementations
     );
+    // A profile from before CBC decryption was chosen apart (only `cbc`):
+    // decryption takes the same choice, given, not measured.
+    let mut old = saved.clone();
+    old.cpu_implementations
+        .retain(|c| c.choice().is_some_and(|(m, _)| m != Mode::CbcDecrypt));
+    let cbc = other(Mode::Cbc);
+    for c in &mut old.cpu_implementations {
+        if c.choice().is_some_and(|(m, _)| m == Mode::Cbc) {
+            *c = crypto_offload::CpuImplementation::new(Mode::Cbc, cbc);
+        }
+    }
+    let loaded_old = Offload::builder().profile(old).build().unwrap();
+    assert_eq!(
+        loaded_old.cpu_choice(Mode::CbcDecrypt),
+        (cbc, ChoiceSource::Given)
+    );
     // An explicit choice beats the profile's, whichever is set first.
     let mine = Choice::one(Implementation::RustCrypto);
     let explicit = Offload::builder()

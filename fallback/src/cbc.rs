@@ -3,7 +3,7 @@
 //!
 //! On RustCrypto, both directions run the `cbc` crate over the `aes` crate,
 //! except decryption of requests from `CHAIN_FROM` bytes on a backend
-//! that decrypts more than 8 blocks at once (VAES): there this crate's own
+//! that decrypts 64 blocks at once (VAES-512): there this crate's own
 //! chain (`Chain`) runs. Measured in paired rounds (`paired --group cbc`,
 //! AES-256): on AMD Zen 3, where the `aes` crate runs AES-NI (8 blocks at
 //! once: `cpufeatures` 0.3.1 reports VAES only with AVX-512 state enabled),
@@ -36,7 +36,7 @@ const ALG: &str = "AES-CBC";
 pub struct Cbc {
     imp: Split<Imp>,
     /// Decryption's, when its choice differs from encryption's.
-    dec: Option<Split<Imp>>,
+    dec: Option<Box<Split<Imp>>>,
 }
 
 // The key schedule stays inline (no pointer chase per request); a key is
@@ -163,7 +163,7 @@ impl Cbc {
         let dec = if imp.choice() == split_choice(decrypt) {
             None
         } else {
-            Some(split(decrypt)?)
+            Some(Box::new(split(decrypt)?))
         };
         Ok(Cbc { imp, dec })
     }
@@ -205,7 +205,7 @@ impl Cbc {
 
     #[inline]
     fn decryptor(&self) -> &Split<Imp> {
-        self.dec.as_ref().unwrap_or(&self.imp)
+        self.dec.as_deref().unwrap_or(&self.imp)
     }
 
     /// Encrypts `data` (a multiple of 16 bytes, possibly empty) in place.
@@ -313,15 +313,17 @@ fn check_len(len: usize) -> Result<(), Error> {
 }
 
 /// Requests from this many bytes decrypt on the own chain when the
-/// backend is wider than AES-NI's 8 blocks (see the module docs).
+/// backend is VAES-512's 64 blocks wide (see the module docs).
 const CHAIN_FROM: usize = 1024;
 
 /// The request length from which `aes` decrypts on [`Chain`]: [`CHAIN_FROM`]
-/// on a backend that runs more than 8 blocks at once, never on narrower ones.
+/// on a backend that runs more than 32 blocks at once (VAES-512, where it
+/// was measured ahead), never on narrower ones (AES-NI's 8, where the
+/// `cbc` crate is ahead; VAES-256's 30, not measured).
 fn chain_from(aes: &Aes) -> usize {
     let mut par = 0;
     aes.decrypt_with(ParBlocks(&mut par));
-    if par > 8 { CHAIN_FROM } else { usize::MAX }
+    if par > 32 { CHAIN_FROM } else { usize::MAX }
 }
 
 /// Reads the batch size of the backend the `aes` crate runs on this CPU.
@@ -397,31 +399,120 @@ impl BlockCipherDecClosure for Chain<'_> {
 
 #[cfg(test)]
 mod tests {
-    use cipher::{BlockModeDecrypt, InnerIvInit, KeyInit};
+    use cipher::consts::{U8, U30, U64};
+    use cipher::inout::InOut;
+    use cipher::{
+        BlockCipherDecrypt, BlockModeDecrypt, InnerIvInit, KeyInit, ParBlocksSizeUser,
+        array::ArraySize,
+    };
     use proptest::prelude::*;
 
     use super::*;
 
+    /// A backend `P` blocks wide made of single-block AES: runs the own
+    /// chain's batch, short-tail and padded-tail paths at VAES-256's and
+    /// VAES-512's widths on any CPU.
+    struct Wide<'a, C, P>(&'a C, core::marker::PhantomData<P>);
+
+    impl<C, P> BlockSizeUser for Wide<'_, C, P> {
+        type BlockSize = U16;
+    }
+
+    impl<C, P: ArraySize> ParBlocksSizeUser for Wide<'_, C, P> {
+        type ParBlocksSize = P;
+    }
+
+    impl<C: BlockCipherDecrypt<BlockSize = U16>, P: ArraySize> BlockCipherDecBackend
+        for Wide<'_, C, P>
+    {
+        fn decrypt_block(&self, mut block: InOut<'_, '_, cipher::Block<Self>>) {
+            let mut b = block.clone_in();
+            self.0.decrypt_block(&mut b);
+            *block.get_out() = b;
+        }
+    }
+
+    fn chain_on<C: BlockCipherDecrypt<BlockSize = U16>, P: ArraySize>(
+        c: &C,
+        iv: [u8; 16],
+        data: &mut [u8],
+    ) {
+        let (blocks, _) = blocks_mut(data);
+        Chain {
+            blocks,
+            iv: iv.into(),
+        }
+        .call(&Wide::<C, P>(c, core::marker::PhantomData));
+    }
+
     proptest! {
-        /// The own chain runs only on wide (VAES) backends from 1 KiB, so
-        /// it is checked here directly, on whatever backend this CPU has,
-        /// at every length: whole batches, short tails and padded ones.
+        /// The own chain runs only on VAES-512 backends from 1 KiB, so it
+        /// is checked here directly — on the backend this CPU has and at
+        /// 8, 30 and 64 blocks a batch, for every key size — at every
+        /// length: whole batches, short tails and padded ones.
         #[test]
         fn the_own_chain_decrypts_as_the_cbc_crate_does(
             key in any::<[u8; 32]>(),
+            key_len in prop::sample::select(vec![16usize, 24, 32]),
             iv in any::<[u8; 16]>(),
             data in proptest::collection::vec(any::<u8>(), 0..2048),
         ) {
             let mut data = data;
             data.truncate(data.len() / 16 * 16);
+            let key = &key[..key_len];
+            let mut want = data.clone();
+            let (blocks, _) = blocks_mut(&mut want);
+            let aes = Aes::new(key, ALG).unwrap();
+            match &aes {
+                Aes::A128(c) => Decryptor::<&Aes128>::inner_iv_init(c, &iv.into()).decrypt_blocks(blocks),
+                Aes::A192(c) => Decryptor::<&Aes192>::inner_iv_init(c, &iv.into()).decrypt_blocks(blocks),
+                Aes::A256(c) => Decryptor::<&Aes256>::inner_iv_init(c, &iv.into()).decrypt_blocks(blocks),
+            }
             let mut ours = data.clone();
-            let aes = Aes::new(&key, ALG).unwrap();
             let (blocks, _) = blocks_mut(&mut ours);
             aes.decrypt_with(Chain { blocks, iv: iv.into() });
-            let rc = Aes256::new_from_slice(&key).unwrap();
-            let (blocks, _) = blocks_mut(&mut data);
-            Decryptor::<&Aes256>::inner_iv_init(&rc, &iv.into()).decrypt_blocks(blocks);
-            prop_assert_eq!(ours, data);
+            prop_assert_eq!(&ours, &want, "this CPU's backend");
+            macro_rules! wide {
+                ($($p:ty),*) => {$(
+                    let mut ours = data.clone();
+                    match &aes {
+                        Aes::A128(c) => chain_on::<_, $p>(c, iv, &mut ours),
+                        Aes::A192(c) => chain_on::<_, $p>(c, iv, &mut ours),
+                        Aes::A256(c) => chain_on::<_, $p>(c, iv, &mut ours),
+                    }
+                    prop_assert_eq!(&ours, &want, "{} blocks a batch", <$p as Unsigned>::USIZE);
+                )*};
+            }
+            wide!(U8, U30, U64);
+        }
+    }
+
+    #[test]
+    fn only_a_backend_over_32_blocks_wide_takes_the_own_chain() {
+        let aes = Aes::new(&[7; 16], ALG).unwrap();
+        let mut par = 0;
+        aes.decrypt_with(ParBlocks(&mut par));
+        let want = if par > 32 { CHAIN_FROM } else { usize::MAX };
+        assert_eq!(chain_from(&aes), want, "{par} blocks a batch");
+    }
+
+    #[test]
+    fn decryption_either_side_of_the_chain_length_is_cbc() {
+        // 1008, 1024 and 1040 bytes: the cbc crate below CHAIN_FROM, the
+        // own chain from it (on VAES-512), one IV chain throughout.
+        let key = [3u8; 32];
+        let rc = Aes256::new_from_slice(&key).unwrap();
+        for imp in Mode::CbcDecrypt.candidates() {
+            let cbc = Cbc::with_implementation(&key, *imp).unwrap();
+            for len in [CHAIN_FROM - 16, CHAIN_FROM, CHAIN_FROM + 16] {
+                let data: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+                let mut want = data.clone();
+                let (blocks, _) = blocks_mut(&mut want);
+                Decryptor::<&Aes256>::inner_iv_init(&rc, &[1; 16].into()).decrypt_blocks(blocks);
+                let mut got = data.clone();
+                cbc.decrypt(&[1; 16], &mut got).unwrap();
+                assert_eq!(got, want, "{imp:?} {len}");
+            }
         }
     }
 }

@@ -83,8 +83,8 @@ impl Mode {
     }
 
     /// The mode of a CRC whose implementation is chosen (the CRC-32s; the
-    /// CRC-64s run on crc-fast, with this crate's tables under 128
-    /// bytes).
+    /// CRC-64s run on crc-fast, with this crate's tables below a measured
+    /// length: [`crc64_table_limit`]).
     pub const fn of_crc(alg: CrcAlg) -> Option<Mode> {
         match alg {
             CrcAlg::Crc32IsoHdlc => Some(Mode::Crc32),

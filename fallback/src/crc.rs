@@ -126,9 +126,10 @@ impl fmt::Display for CrcAlg {
 /// The CRC-32s run on the implementations measured fastest on this
 /// machine, per size class of each `update` ([`choice`]: crc-fast,
 /// crc32fast for CRC-32/ISO-HDLC, the `crc32c` crate for CRC-32C); the
-/// CRC-64s on crc-fast, except inputs under 128 bytes, which this crate's
-/// slicing-by-16 table does in 9 ns (16 B) to 45 ns (112 B) where crc-fast
-/// takes 20 to 44 ns (AMD Zen 4; crc-fast folds from 128 bytes). The
+/// CRC-64s on crc-fast, except inputs shorter than a length measured on
+/// this machine ([`crate::choice::crc64_table_limit`]: above 64 bytes on
+/// AMD Zen 4, where this crate's slicing-by-16 table does 16 B in 9 ns and
+/// 112 B in 45 where crc-fast takes 20 and 44; 48–64 on AMD Zen 3). The
 /// running value moves between the implementations as a plain CRC, so
 /// mixing is exact.
 #[derive(Clone)]

@@ -8,8 +8,9 @@
 //! in paired rounds). A fixed limit of 128 bytes, tuned on Zen 4, left Zen 3
 //! at 0.64–0.76× of crc-fast from 64 to 127 bytes. So the two are timed at
 //! each of [`LADDER`] in interleaved rounds (~0.2 ms, the first time a
-//! CRC-64 is computed in a process), and inputs shorter than the first
-//! length from which crc-fast stays ahead run on the table.
+//! CRC-64 is computed in a process), and inputs shorter than the length
+//! that, as the limit, loses least over the ladder run on the table
+//! ([`pick`]).
 //!
 //! The three CRC-64s share the measurement (CRC-64/NVME's): the table's
 //! work does not depend on the polynomial, and crc-fast folds each the same
@@ -110,18 +111,29 @@ fn measure() -> Crc64Limit {
     }
 }
 
-/// The first length from which crc-fast is at least as fast as the table
-/// at every longer length timed (a single noisy slice does not move the
-/// limit down); the longest length timed when the table is never behind.
+/// The length timed that, as the limit, loses least against the faster
+/// of the two at every length timed (each length's time over the better
+/// one's, summed): one noisy slice moves the limit neither up nor down
+/// unless it outweighs all the others. Ties go to the shorter limit; the
+/// longest length timed when nothing was.
 pub(crate) fn pick(timings: &[(usize, Duration, Duration)]) -> usize {
-    let mut limit = timings.last().map_or(LADDER[LADDER.len() - 1], |t| t.0);
-    for &(len, table, fast) in timings.iter().rev() {
-        if fast > table {
-            break;
-        }
-        limit = len;
-    }
-    limit
+    let loss = |limit: usize| -> f64 {
+        timings
+            .iter()
+            .map(|&(len, table, fast)| {
+                let ran = if len < limit { table } else { fast };
+                ran.as_secs_f64() / table.min(fast).as_secs_f64().max(f64::MIN_POSITIVE)
+            })
+            .sum()
+    };
+    timings
+        .iter()
+        .map(|t| (t.0, loss(t.0)))
+        .fold(None, |best: Option<(usize, f64)>, (len, l)| match best {
+            Some((_, b)) if b <= l => best,
+            _ => Some((len, l)),
+        })
+        .map_or(LADDER[LADDER.len() - 1], |(len, _)| len)
 }
 
 #[cfg(test)]
@@ -143,9 +155,18 @@ mod tests {
             t(96, 40, 26),
         ];
         assert_eq!(pick(&zen3), 64);
-        // A lone dip at 32 bytes does not pull the limit down.
+        // A lone dip at 32 bytes does not pull the limit down...
         let dip = [t(16, 7, 20), t(32, 21, 20), t(48, 18, 21), t(64, 26, 22)];
         assert_eq!(pick(&dip), 64);
+        // ...nor a lone slow crc-fast slice at 160 push it up.
+        let bump = [
+            t(64, 20, 26),
+            t(128, 60, 20),
+            t(160, 70, 75),
+            t(192, 80, 22),
+            t(256, 100, 25),
+        ];
+        assert_eq!(pick(&bump), 128);
         // crc-fast ahead everywhere: every input on crc-fast but the
         // shortest timed.
         assert_eq!(pick(&[t(16, 9, 8), t(32, 20, 9)]), 16);
