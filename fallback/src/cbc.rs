@@ -160,7 +160,7 @@ impl Cbc {
             })
         };
         let imp = split(encrypt)?;
-        let dec = if imp.choice() == split_choice(decrypt) {
+        let dec = if decrypt == encrypt {
             None
         } else {
             Some(Box::new(split(decrypt)?))
@@ -220,20 +220,7 @@ impl Cbc {
         }
         match self.imp.for_len(data.len()) {
             Imp::RustCrypto(aes, _) => {
-                use cipher::{BlockModeEncrypt, InnerIvInit};
-                let (blocks, _) = blocks_mut(data);
-                let iv = &(*iv).into();
-                match aes {
-                    Aes::A128(c) => {
-                        Encryptor::<&Aes128>::inner_iv_init(c, iv).encrypt_blocks(blocks)
-                    }
-                    Aes::A192(c) => {
-                        Encryptor::<&Aes192>::inner_iv_init(c, iv).encrypt_blocks(blocks)
-                    }
-                    Aes::A256(c) => {
-                        Encryptor::<&Aes256>::inner_iv_init(c, iv).encrypt_blocks(blocks)
-                    }
-                }
+                cbc_crate_encrypt(aes, iv, blocks_mut(data).0);
                 Ok(())
             }
             #[cfg(feature = "aws-lc")]
@@ -254,26 +241,14 @@ impl Cbc {
         let data_len = data.len();
         match self.decryptor().for_len(data_len) {
             Imp::RustCrypto(aes, chain_from) => {
-                use cipher::{BlockModeDecrypt, InnerIvInit};
                 let (blocks, _) = blocks_mut(data);
                 if data_len >= *chain_from {
                     aes.decrypt_with(Chain {
                         blocks,
                         iv: (*iv).into(),
                     });
-                    return Ok(());
-                }
-                let iv = &(*iv).into();
-                match aes {
-                    Aes::A128(c) => {
-                        Decryptor::<&Aes128>::inner_iv_init(c, iv).decrypt_blocks(blocks)
-                    }
-                    Aes::A192(c) => {
-                        Decryptor::<&Aes192>::inner_iv_init(c, iv).decrypt_blocks(blocks)
-                    }
-                    Aes::A256(c) => {
-                        Decryptor::<&Aes256>::inner_iv_init(c, iv).decrypt_blocks(blocks)
-                    }
+                } else {
+                    cbc_crate_decrypt(aes, iv, blocks);
                 }
                 Ok(())
             }
@@ -283,20 +258,25 @@ impl Cbc {
     }
 }
 
-/// `choice` as [`Split::new`] keeps it: ring, which has no CBC, replaced
-/// by the default.
-fn split_choice(choice: Choice) -> Choice {
-    let keep = |imp: Implementation| {
-        if Mode::Cbc.candidates().contains(&imp) {
-            imp
-        } else {
-            Cbc::DEFAULT_IMPLEMENTATION
-        }
-    };
-    Choice {
-        small: keep(choice.small),
-        large: keep(choice.large),
-        small_max: choice.small_max,
+/// CBC encryption on the `cbc` crate, over whichever key size `aes` has.
+fn cbc_crate_encrypt(aes: &Aes, iv: &[u8; 16], blocks: &mut [Block]) {
+    use cipher::{BlockModeEncrypt, InnerIvInit};
+    let iv = &(*iv).into();
+    match aes {
+        Aes::A128(c) => Encryptor::<&Aes128>::inner_iv_init(c, iv).encrypt_blocks(blocks),
+        Aes::A192(c) => Encryptor::<&Aes192>::inner_iv_init(c, iv).encrypt_blocks(blocks),
+        Aes::A256(c) => Encryptor::<&Aes256>::inner_iv_init(c, iv).encrypt_blocks(blocks),
+    }
+}
+
+/// CBC decryption on the `cbc` crate, over whichever key size `aes` has.
+fn cbc_crate_decrypt(aes: &Aes, iv: &[u8; 16], blocks: &mut [Block]) {
+    use cipher::{BlockModeDecrypt, InnerIvInit};
+    let iv = &(*iv).into();
+    match aes {
+        Aes::A128(c) => Decryptor::<&Aes128>::inner_iv_init(c, iv).decrypt_blocks(blocks),
+        Aes::A192(c) => Decryptor::<&Aes192>::inner_iv_init(c, iv).decrypt_blocks(blocks),
+        Aes::A256(c) => Decryptor::<&Aes256>::inner_iv_init(c, iv).decrypt_blocks(blocks),
     }
 }
 
@@ -461,13 +441,8 @@ mod tests {
             data.truncate(data.len() / 16 * 16);
             let key = &key[..key_len];
             let mut want = data.clone();
-            let (blocks, _) = blocks_mut(&mut want);
             let aes = Aes::new(key, ALG).unwrap();
-            match &aes {
-                Aes::A128(c) => Decryptor::<&Aes128>::inner_iv_init(c, &iv.into()).decrypt_blocks(blocks),
-                Aes::A192(c) => Decryptor::<&Aes192>::inner_iv_init(c, &iv.into()).decrypt_blocks(blocks),
-                Aes::A256(c) => Decryptor::<&Aes256>::inner_iv_init(c, &iv.into()).decrypt_blocks(blocks),
-            }
+            cbc_crate_decrypt(&aes, &iv, blocks_mut(&mut want).0);
             let mut ours = data.clone();
             let (blocks, _) = blocks_mut(&mut ours);
             aes.decrypt_with(Chain { blocks, iv: iv.into() });
