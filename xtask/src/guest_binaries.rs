@@ -86,7 +86,7 @@ impl Workspace {
     /// this task belongs to, wherever it is run from.
     pub fn load(cargo: &Path) -> Result<Self> {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let output = Command::new(cargo)
+        let output = cargo_command(cargo)
             .args([
                 "metadata",
                 "--format-version",
@@ -316,8 +316,44 @@ pub fn cargo() -> PathBuf {
 
 /// Runs cargo with `args` and JSON messages in the workspace and returns
 /// the artifacts it built, showing compiler diagnostics as they come.
-fn cargo_json(cargo: &Path, workspace: &Workspace, args: &[&str]) -> Result<Vec<Artifact>> {
+/// Variables `cargo run` sets for the program it runs (here, this task)
+/// that describe that program, not the build it asks for: removed from the
+/// cargo this task runs. Build scripts that read one (ring's reads
+/// `CARGO_MANIFEST_DIR` through its `rerun-if-env-changed` wrapper) have
+/// the ambient value in their fingerprint, so with `xtask`'s values left in,
+/// the README's `cargo test --workspace` build was not reused: CI rebuilt
+/// ring and every workspace crate's tests (8 min 44 s) for the guests.
+const RUN_VARIABLES: [&str; 8] = [
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_CRATE_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_RUSTC_CURRENT_DIR",
+    "OUT_DIR",
+    "CARGO_BIN_NAME",
+];
+
+/// Prefixes of further variables `cargo run` sets for this task
+/// (`CARGO_PKG_NAME`, `CARGO_BIN_EXE_…`): removed as [`RUN_VARIABLES`] are.
+const RUN_PREFIXES: [&str; 2] = ["CARGO_PKG_", "CARGO_BIN_EXE_"];
+
+/// `cargo`, without the variables that describe this task ([`RUN_VARIABLES`],
+/// [`RUN_PREFIXES`]), so that it sees the environment the developer's own
+/// `cargo test` saw and reuses what that built.
+fn cargo_command(cargo: &Path) -> Command {
     let mut command = Command::new(cargo);
+    for (name, _) in env::vars_os() {
+        let Some(text) = name.to_str() else { continue };
+        if RUN_VARIABLES.contains(&text) || RUN_PREFIXES.iter().any(|p| text.starts_with(p)) {
+            command.env_remove(&name);
+        }
+    }
+    command
+}
+
+fn cargo_json(cargo: &Path, workspace: &Workspace, args: &[&str]) -> Result<Vec<Artifact>> {
+    let mut command = cargo_command(cargo);
     command
         .current_dir(&workspace.workspace_root)
         .args(args)
@@ -509,6 +545,38 @@ mod tests {
 {"reason":"compiler-artifact","package_id":"x","target":{"kind":["bin"],"crate_types":["bin"],"name":"offload","src_path":"/r/cli/src/main.rs","edition":"2024","doc":true,"doctest":false,"test":true},"profile":{"opt_level":"3","debuginfo":0,"debug_assertions":false,"overflow_checks":false,"test":false},"features":[],"filenames":["/t/release/offload"],"executable":"/t/release/offload","fresh":true}
 {"reason":"build-finished","success":true}
 "#;
+
+    /// `cargo test` runs this test with the variables `cargo run` gives
+    /// the task (the package's name, its manifest folder): the cargo the
+    /// task runs must not see them, or ring's build script is dirty and the
+    /// README's test build is redone.
+    #[test]
+    fn cargo_runs_without_the_variables_that_describe_this_task() {
+        assert!(
+            env::var_os("CARGO_MANIFEST_DIR").is_some() && env::var_os("CARGO_PKG_NAME").is_some(),
+            "cargo sets these for the tests it runs"
+        );
+        let command = cargo_command(Path::new("cargo"));
+        let removed: Vec<String> = command
+            .get_envs()
+            .filter(|(_, value)| value.is_none())
+            .map(|(name, _)| name.to_string_lossy().into_owned())
+            .collect();
+        for name in ["CARGO_MANIFEST_DIR", "CARGO_PKG_NAME", "CARGO_PKG_VERSION"] {
+            assert!(removed.iter().any(|r| r == name), "{name} reaches cargo");
+        }
+        // What configures the build stays: only removals, none of them
+        // cargo's own settings.
+        assert!(command.get_envs().all(|(_, value)| value.is_none()));
+        for kept in [
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "PATH",
+        ] {
+            assert!(!removed.iter().any(|r| r == kept), "{kept} was removed");
+        }
+    }
 
     fn artifact(package: &str, kind: &str, target: &str, path: &str) -> Artifact {
         Artifact {
