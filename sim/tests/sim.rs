@@ -5,7 +5,7 @@
 //! power and buffer until the device is done, EIP-197's rings in parallel,
 //! settings out of range. Each runs through an `Offload` pinned to the
 //! engine, as a user's requests would. How the selector uses the engine is
-//! tested in `crypto-offload/tests/scenarios.rs`.
+//! tested in `crypto-offload/tests/offload/scenarios.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;

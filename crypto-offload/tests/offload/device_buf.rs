@@ -309,7 +309,7 @@ async fn a_failure_that_keeps_the_buffer_is_replayed_and_one_that_loses_it_is_an
 /// to an engine that answers at once, untouched (no crypto: the
 /// pipeline's own cost). A measurement, not a check.
 #[test]
-#[ignore = "a measurement: cargo test --release -p crypto-offload --test device_buf -- --ignored --nocapture"]
+#[ignore = "a measurement: cargo test --release -p crypto-offload --test offload -- --ignored --nocapture device_buf::"]
 fn engine_request_overhead() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

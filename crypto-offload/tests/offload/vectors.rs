@@ -1,7 +1,7 @@
 //! The known-answer harness against the CPU backend: every implementation,
 //! inline and through the `dyn Backend` path.
 
-mod common;
+use crate::common;
 
 use crypto_offload::testing::{self, Case, FILES};
 use crypto_offload::{Implementation, Offload};

@@ -4,7 +4,7 @@
 //! `Pending`, on the CPU, on a `dyn Backend` engine and on a simulated
 //! engine whose queue holds far fewer requests than the stream sends.
 
-mod common;
+use crate::common;
 
 use std::io;
 use std::pin::Pin;

@@ -3,7 +3,7 @@
 //! fallback's own tests): random algorithms, keys, IVs, lengths up to 64 KiB,
 //! both buffer types, the inline CPU path and a `dyn Backend` path.
 
-mod common;
+use crate::common;
 
 use bytes::BytesMut;
 use crypto_offload::{AeadAlg, CipherAlg, CipherMode, CrcAlg, Offload};

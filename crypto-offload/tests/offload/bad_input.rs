@@ -5,7 +5,7 @@
 //! went in, or wiped where an AEAD open failed — or its documented success,
 //! never a panic. Every failing row is reported, not just the first.
 
-mod common;
+use crate::common;
 
 use std::fmt::Display;
 
@@ -578,7 +578,7 @@ async fn selector_queries_and_builder_settings_at_their_extremes() {
 
 /// Keys: what holds one wipes it on drop. (Reading freed key storage back
 /// is not possible through the API; `Debug` of every key holder is checked
-/// in `tests/api.rs`, `debug_output_never_shows_key_bytes`.)
+/// in `tests/offload/api.rs`, `debug_output_never_shows_key_bytes`.)
 #[test]
 fn the_key_type_is_wiped_on_drop() {
     fn wiped_on_drop<T: zeroize::ZeroizeOnDrop + zeroize::Zeroize>() {}

@@ -19,7 +19,7 @@
 //! The figures are in `docs/benchmarks.md`, section 3 (`--nocapture` prints
 //! them).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

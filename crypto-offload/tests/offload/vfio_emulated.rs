@@ -7,8 +7,8 @@
 //!
 //! Also the host's measurement of what `Offload` adds to the driver's
 //! per-request path, side by side in one run (ignored: a measurement):
-//! `cargo test --release -p crypto-offload --test vfio_emulated --
-//! --ignored --nocapture`.
+//! `cargo test --release -p crypto-offload --test offload --
+//! --ignored --nocapture vfio_emulated::`.
 #![cfg(all(feature = "vfio", target_os = "linux"))]
 
 use std::rc::Rc;
@@ -168,7 +168,7 @@ where
 }
 
 #[test]
-#[ignore = "a measurement: cargo test --release -p crypto-offload --test vfio_emulated -- --ignored --nocapture"]
+#[ignore = "a measurement: cargo test --release -p crypto-offload --test offload -- --ignored --nocapture vfio_emulated::"]
 fn offload_over_the_drivers_own_path() {
     local(async {
         let (backend, _control) = backend().await;

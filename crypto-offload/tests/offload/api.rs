@@ -1,7 +1,7 @@
 //! The session API: what callers can rely on. Every way a request can be
-//! refused is in the bad-input table, `tests/bad_input.rs`.
+//! refused is in the bad-input table, `tests/offload/bad_input.rs`.
 
-mod common;
+use crate::common;
 
 use bytes::BytesMut;
 use crypto_offload::backend::SecretKey;

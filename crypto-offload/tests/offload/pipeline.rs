@@ -4,7 +4,7 @@
 //! task's lifetime, calibration's per-algorithm limits, and the futures'
 //! sizes.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
