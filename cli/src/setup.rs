@@ -221,8 +221,12 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
                         format!("{} {}", t.implementation.name(), ns.join("/"))
                     })
                     .collect();
+                let batches = match m.batches {
+                    1 => String::new(),
+                    n => format!(", {n} batches: in doubt after one"),
+                };
                 format!(
-                    "measured in {:.1} ms: {}",
+                    "measured in {:.1} ms{batches}: {}",
                     m.took.as_secs_f64() * 1e3,
                     each.join(", ")
                 )

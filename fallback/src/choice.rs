@@ -17,7 +17,8 @@
 //!
 //! Each mode is measured the first time a key of it is made without an
 //! explicit implementation, in one to a few milliseconds a mode (the figures
-//! are in [`Measured::took`]); [`measure`] runs it again and returns the
+//! are in [`Measured::took`]; a choice left in doubt by the first batch of
+//! rounds takes up to [`MAX_BATCHES`]); [`measure`] runs it again and returns the
 //! timings, [`Choice`] can be handed to a key's `with_choice` to skip it (a
 //! server that loaded a profile), and `with_implementation` forces one
 //! implementation.
@@ -356,6 +357,9 @@ pub struct Measured {
     pub timings: Vec<Timing>,
     /// How long the measurement took.
     pub took: Duration,
+    /// How many batches of [`ROUNDS`] rounds it took: more than one when
+    /// the first left the choice in doubt ([`MAX_BATCHES`]).
+    pub batches: usize,
 }
 
 /// The build's preference for `mode`, which a candidate must beat by
@@ -377,7 +381,32 @@ pub const fn default_choice(mode: Mode) -> Choice {
 
 /// Rounds each candidate is timed in (interleaved, so that a clock or
 /// frequency change lands on all of them); the least round counts.
-const ROUNDS: usize = 7;
+pub const ROUNDS: usize = 7;
+
+/// The most batches of [`ROUNDS`] rounds a measurement takes. A batch after
+/// the first runs only while the choice is in doubt ([`in_doubt`]): the
+/// fastest other candidate within [`DOUBT`] of the [`MARGIN`] against the
+/// default, or two candidates that would replace the default within
+/// [`DOUBT`] of each other. Each batch's rounds join the earlier ones (the
+/// least of all counts), so a candidate that a neighbour slowed through
+/// one batch gets more chances, and a clear choice costs one batch.
+///
+/// Measured with `choice-stability` (crypto-offload-benches) in 80 fresh
+/// processes on a 2-vCPU AMD Zen 3 beside a compiling CI run, each mode
+/// measured once with one batch and once with up to three: 21 choices
+/// strayed from each mode's most common one with one batch (XTS 8,
+/// CRC-32C 7, CBC decryption 5, CTR 1), 6 with up to three (3, 2, 1, 0).
+/// What is left is near-ties and neighbours that change which candidate
+/// is faster (a busy sibling thread slows CRC-32C's `crc32` instruction
+/// more than crc-fast's carry-less multiplies): a profile
+/// (`offload calibrate`) fixes a server's choice. The extra batches cost
+/// what they measure: CTR 1.0 → 2.1 ms, CBC decryption 1.1 → 1.9 ms,
+/// XTS 2.5 → 4.6 ms, the others unchanged.
+pub const MAX_BATCHES: usize = 3;
+
+/// How near the [`MARGIN`] (or each other) candidates must measure for a
+/// choice to be in doubt: within 10% (a factor of 1.1 either way).
+pub const DOUBT: f64 = 1.10;
 
 /// Requests a round at a `len`-byte probe: 128 KiB of them, from 8 to 64
 /// requests.
@@ -400,12 +429,18 @@ pub fn measure(mode: Mode) -> Measured {
 /// Times `candidates` (those that run `mode`; the others are left out)
 /// at every one of [`PROBES`] and chooses among them.
 pub fn measure_among(mode: Mode, candidates: &[Implementation]) -> Measured {
+    measure_batches(mode, candidates, MAX_BATCHES)
+}
+
+/// [`measure_among`] with at most `max_batches` batches of rounds (at
+/// least one): what the stability tool compares (`choice-stability` in
+/// crypto-offload-benches).
+pub fn measure_batches(mode: Mode, candidates: &[Implementation], max_batches: usize) -> Measured {
     let start = Instant::now();
     let mut runners: Vec<Runner> = candidates
         .iter()
         .filter_map(|&imp| Runner::new(mode, imp).ok())
         .collect();
-    let mut times = vec![[Duration::MAX; PROBES.len()]; runners.len()];
     let mut buf = vec![0u8; PROBES[PROBES.len() - 1]];
     // One untimed round first: page faults, lazy CPU detection, caches.
     for r in &mut runners {
@@ -413,27 +448,85 @@ pub fn measure_among(mode: Mode, candidates: &[Implementation]) -> Measured {
             r.run(&mut buf[..len], 1);
         }
     }
-    for _ in 0..ROUNDS {
-        for (r, times) in runners.iter_mut().zip(&mut times) {
-            for (t, len) in times.iter_mut().zip(PROBES) {
-                *t = (*t).min(r.run(&mut buf[..len], per_round(len)));
+    let imps: Vec<Implementation> = runners.iter().map(|r| r.imp).collect();
+    let default = default_choice(mode);
+    let (timings, batches) = sample(&imps, default, max_batches, |times| {
+        for _ in 0..ROUNDS {
+            for (r, times) in runners.iter_mut().zip(&mut *times) {
+                for (t, len) in times.iter_mut().zip(PROBES) {
+                    *t = (*t).min(r.run(&mut buf[..len], per_round(len)));
+                }
             }
         }
-    }
-    let timings: Vec<Timing> = runners
-        .iter()
-        .zip(&times)
-        .map(|(r, times)| Timing {
-            implementation: r.imp,
-            times: times.to_vec(),
-        })
-        .collect();
+    });
     Measured {
         mode,
-        choice: choose(&timings, default_choice(mode)),
+        choice: choose(&timings, default),
         timings,
         took: start.elapsed(),
+        batches,
     }
+}
+
+/// Runs `batch` (which folds one batch of rounds into each candidate's
+/// least times, in `imps`' order) once, then again while the choice is
+/// [`in_doubt`], at most `max_batches` times in all: the timings and
+/// how many batches ran.
+fn sample(
+    imps: &[Implementation],
+    default: Choice,
+    max_batches: usize,
+    mut batch: impl FnMut(&mut [[Duration; PROBES.len()]]),
+) -> (Vec<Timing>, usize) {
+    let mut times = vec![[Duration::MAX; PROBES.len()]; imps.len()];
+    let mut batches = 0;
+    loop {
+        batch(&mut times);
+        batches += 1;
+        let timings: Vec<Timing> = imps
+            .iter()
+            .zip(&times)
+            .map(|(&implementation, times)| Timing {
+                implementation,
+                times: times.to_vec(),
+            })
+            .collect();
+        if batches >= max_batches || !in_doubt(&timings, default) {
+            return (timings, batches);
+        }
+    }
+}
+
+/// Whether `timings` leave the choice of either size class in doubt
+/// ([`MAX_BATCHES`]): the fastest candidate other than the default within
+/// [`DOUBT`] of beating it by the [`MARGIN`], or, where it beats it by
+/// nearly that, the second fastest within [`DOUBT`] of it.
+pub fn in_doubt(timings: &[Timing], default: Choice) -> bool {
+    doubtful(timings, default.small, Timing::small)
+        || doubtful(timings, default.large, Timing::large)
+}
+
+/// [`in_doubt`] for one size class, timed by `time`.
+fn doubtful(timings: &[Timing], default: Implementation, time: fn(&Timing) -> Duration) -> bool {
+    let secs = |t: &Timing| time(t).as_secs_f64().max(f64::MIN_POSITIVE);
+    let Some(d) = timings.iter().find(|t| t.implementation == default) else {
+        return false;
+    };
+    let mut others: Vec<f64> = timings
+        .iter()
+        .filter(|t| t.implementation != default)
+        .map(secs)
+        .collect();
+    others.sort_by(f64::total_cmp);
+    let Some(&best) = others.first() else {
+        return false;
+    };
+    // How much faster the best other candidate is than the default.
+    let gain = secs(d) / best;
+    let near_margin = (gain / MARGIN).ln().abs() < DOUBT.ln();
+    let near_each_other =
+        gain * DOUBT >= MARGIN && others.get(1).is_some_and(|&second| second / best < DOUBT);
+    near_margin || near_each_other
 }
 
 /// The choice `timings` make: the fastest at the smallest probe and the
@@ -875,6 +968,92 @@ mod tests {
             let ts = [t(other, 0, 0), t(d, 0, 0)];
             assert_eq!(pick(&ts, d, Timing::small), d);
         }
+    }
+
+    /// A choice is in doubt when the best other candidate is within 10%
+    /// of the margin against the default, or two would-be replacements
+    /// are within 10% of each other; clear wins and clear losses are not.
+    #[test]
+    fn doubt_is_near_the_margin_or_between_replacements() {
+        use Implementation::{Crc32Fast as D, CrcFast as B, RustCrypto as A};
+        let def = Choice::one(D);
+        // (default ns, other ns) at both ends: gains 1.0, 1.1, 1.2 are in
+        // doubt; 0.8 (a clear loss) and 1.25 or more are not.
+        for (d, a, doubt) in [
+            (100, 100, true),
+            (110, 100, true),
+            (120, 100, true),
+            (80, 100, false),
+            (125, 100, false),
+            (200, 100, false),
+        ] {
+            let ts = [t(D, d, d * 10), t(A, a, a * 10)];
+            assert_eq!(in_doubt(&ts, def), doubt, "default {d} other {a}");
+        }
+        // In one class only: still in doubt.
+        let ts = [
+            at(D, [300, 330, 440, 1100, 4400, 11000]),
+            at(A, [100, 300, 400, 1000, 4000, 10000]),
+        ];
+        assert!(in_doubt(&ts, def));
+        // Two replacements 2x faster than the default, 5% apart: which
+        // one is in doubt; 50% apart, not.
+        let ts = [t(D, 200, 2000), t(A, 100, 1000), t(B, 105, 1050)];
+        assert!(in_doubt(&ts, def));
+        let ts = [t(D, 200, 2000), t(A, 100, 1000), t(B, 150, 1500)];
+        assert!(!in_doubt(&ts, def));
+        // The default not measured, or alone: nothing to doubt.
+        assert!(!in_doubt(&[t(A, 100, 1000)], def));
+        assert!(!in_doubt(&[t(D, 100, 1000)], def));
+    }
+
+    /// A batch that a neighbour disturbed (one candidate 1.5x slow) leaves
+    /// the choice in doubt; the next batch's rounds join it and the clear
+    /// choice is made. A clear first batch is the only one; a true tie
+    /// stops at `MAX_BATCHES`.
+    #[test]
+    fn a_disturbed_batch_is_followed_by_another_and_a_tie_is_bounded() {
+        use Implementation::{Crc32Fast as D, RustCrypto as A};
+        let imps = [D, A];
+        let def = Choice::one(D);
+        // Undisturbed, A is 1.3x faster than the default everywhere.
+        let quiet = |imp| if imp == A { 100u64 } else { 130 };
+        let fill = |times: &mut [[Duration; PROBES.len()]], slow: Implementation, by: f64| {
+            for (&imp, times) in imps.iter().zip(times.iter_mut()) {
+                let f = if imp == slow { by } else { 1.0 };
+                for (t, len) in times.iter_mut().zip(PROBES) {
+                    let ns = (quiet(imp) as f64 * f) as u64 * (len as u64 / 16);
+                    *t = (*t).min(Duration::from_nanos(ns));
+                }
+            }
+        };
+        // First batch: A slowed 1.25x (gain 1.04: in doubt), then quiet.
+        let mut n = 0;
+        let (timings, batches) = sample(&imps, def, MAX_BATCHES, |times| {
+            n += 1;
+            fill(times, A, if n == 1 { 1.25 } else { 1.0 });
+        });
+        assert_eq!(batches, 2);
+        assert_eq!(choose(&timings, def), Choice::one(A));
+        // What one batch would have chosen: the default, at 0.77x of A.
+        let mut once = vec![[Duration::MAX; PROBES.len()]; 2];
+        fill(&mut once, A, 1.25);
+        let once: Vec<Timing> = imps
+            .iter()
+            .zip(&once)
+            .map(|(&implementation, times)| Timing {
+                implementation,
+                times: times.to_vec(),
+            })
+            .collect();
+        assert_eq!(choose(&once, def), Choice::one(D));
+        // Clear at once: one batch.
+        let (_, batches) = sample(&imps, def, MAX_BATCHES, |times| fill(times, D, 1.0));
+        assert_eq!(batches, 1);
+        // A tie that no batch settles: bounded.
+        let (timings, batches) = sample(&imps, def, MAX_BATCHES, |times| fill(times, A, 1.3));
+        assert_eq!(batches, MAX_BATCHES);
+        assert_eq!(choose(&timings, def), def);
     }
 
     /// Two different choices at the two ends part at the length where
