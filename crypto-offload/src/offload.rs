@@ -400,8 +400,8 @@ impl Offload {
     /// that choice came from: measured in this process, given (a loaded
     /// profile, [`OffloadBuilder::cpu_choice`]) or forced
     /// ([`OffloadBuilder::cpu_implementation`]). Asking measures the mode
-    /// if nothing has yet (1–10 ms a mode on a 2-vCPU Zen 3, more when
-    /// the first batch of rounds leaves it in doubt:
+    /// if nothing has yet (0.5–6 ms a mode on a 2-vCPU Zen 3, up to three
+    /// batches of rounds where the first leaves it in doubt:
     /// [`cpu_choice::MAX_BATCHES`](crate::cpu_choice::MAX_BATCHES)).
     pub fn cpu_choice(
         &self,

@@ -391,17 +391,19 @@ pub const ROUNDS: usize = 7;
 /// least of all counts), so a candidate that a neighbour slowed through
 /// one batch gets more chances, and a clear choice costs one batch.
 ///
-/// Measured with `choice-stability` (crypto-offload-benches) in 80 fresh
-/// processes on a 2-vCPU AMD Zen 3 beside a compiling CI run, each mode
-/// measured once with one batch and once with up to three: 21 choices
-/// strayed from each mode's most common one with one batch (XTS 8,
-/// CRC-32C 7, CBC decryption 5, CTR 1), 6 with up to three (3, 2, 1, 0).
-/// What is left is near-ties and neighbours that change which candidate
-/// is faster (a busy sibling thread slows CRC-32C's `crc32` instruction
-/// more than crc-fast's carry-less multiplies): a profile
-/// (`offload calibrate`) fixes a server's choice. The extra batches cost
-/// what they measure: CTR 1.0 → 2.1 ms, CBC decryption 1.1 → 1.9 ms,
-/// XTS 2.5 → 4.6 ms, the others unchanged.
+/// What it buys, measured with `choice-stability` (crypto-offload-benches)
+/// on a 2-vCPU AMD Zen 3 beside a compiling CI run, one batch against up
+/// to three in alternation: in one process (60 measurements a mode), CBC
+/// decryption's choice strayed from its most common one 4 times with one
+/// batch and never with up to three. Across fresh processes (`--fresh`,
+/// 2 × 40 a mode) the extra batches did not help: 32 strays of 560 with
+/// one batch, 30 with up to three, nearly all CRC-32C (the load of the
+/// moment decides which of crc32c and crc-fast is faster for large
+/// inputs: a busy sibling thread slows the `crc32` instruction more than
+/// carry-less multiplies) and XTS at 16 B (a tie). Those are conditions,
+/// not noise; a profile (`offload calibrate`) fixes a server's choice.
+/// The extra batches cost what they measure: CTR 1.0 → 2.1 ms, CBC
+/// decryption 0.9 → 2.3 ms, XTS 2.0 → 5.4 ms, the others unchanged.
 pub const MAX_BATCHES: usize = 3;
 
 /// How near the [`MARGIN`] (or each other) candidates must measure for a
@@ -509,9 +511,6 @@ pub fn in_doubt(timings: &[Timing], default: Choice) -> bool {
 /// [`in_doubt`] for one size class, timed by `time`.
 fn doubtful(timings: &[Timing], default: Implementation, time: fn(&Timing) -> Duration) -> bool {
     let secs = |t: &Timing| time(t).as_secs_f64().max(f64::MIN_POSITIVE);
-    let Some(d) = timings.iter().find(|t| t.implementation == default) else {
-        return false;
-    };
     let mut others: Vec<f64> = timings
         .iter()
         .filter(|t| t.implementation != default)
@@ -521,12 +520,17 @@ fn doubtful(timings: &[Timing], default: Implementation, time: fn(&Timing) -> Du
     let Some(&best) = others.first() else {
         return false;
     };
-    // How much faster the best other candidate is than the default.
+    let near_each_other = others.get(1).is_some_and(|&second| second / best < DOUBT);
+    let Some(d) = timings.iter().find(|t| t.implementation == default) else {
+        // No default to keep ([`pick`] takes the plain fastest): in doubt
+        // when the two fastest are near each other.
+        return near_each_other;
+    };
+    // How much faster the best other candidate is than the default: in
+    // doubt from MARGIN / DOUBT (a tie, 1.0) up to MARGIN * DOUBT (1.21).
     let gain = secs(d) / best;
-    let near_margin = (gain / MARGIN).ln().abs() < DOUBT.ln();
-    let near_each_other =
-        gain * DOUBT >= MARGIN && others.get(1).is_some_and(|&second| second / best < DOUBT);
-    near_margin || near_each_other
+    let near_margin = (MARGIN / DOUBT..MARGIN * DOUBT).contains(&gain);
+    near_margin || (gain >= MARGIN / DOUBT && near_each_other)
 }
 
 /// The choice `timings` make: the fastest at the smallest probe and the
@@ -990,7 +994,13 @@ mod tests {
             let ts = [t(D, d, d * 10), t(A, a, a * 10)];
             assert_eq!(in_doubt(&ts, def), doubt, "default {d} other {a}");
         }
-        // In one class only: still in doubt.
+        // In the small class only: in doubt.
+        let ts = [
+            at(D, [110, 330, 440, 1100, 8000, 20000]),
+            at(A, [100, 300, 400, 1000, 4000, 10000]),
+        ];
+        assert!(in_doubt(&ts, def));
+        // In the large class only: in doubt.
         let ts = [
             at(D, [300, 330, 440, 1100, 4400, 11000]),
             at(A, [100, 300, 400, 1000, 4000, 10000]),
@@ -1002,6 +1012,14 @@ mod tests {
         assert!(in_doubt(&ts, def));
         let ts = [t(D, 200, 2000), t(A, 100, 1000), t(B, 150, 1500)];
         assert!(!in_doubt(&ts, def));
+        // Two others 5% apart, both clearly slower than the default: no
+        // doubt (the default stays whichever of them is faster).
+        let ts = [t(D, 100, 1000), t(A, 200, 2000), t(B, 205, 2050)];
+        assert!(!in_doubt(&ts, def));
+        // No default measured (it failed to key): the plain fastest is
+        // taken, so two within 10% are in doubt, 50% apart not.
+        assert!(in_doubt(&[t(A, 100, 1000), t(B, 105, 1050)], def));
+        assert!(!in_doubt(&[t(A, 100, 1000), t(B, 150, 1500)], def));
         // The default not measured, or alone: nothing to doubt.
         assert!(!in_doubt(&[t(A, 100, 1000)], def));
         assert!(!in_doubt(&[t(D, 100, 1000)], def));
@@ -1047,6 +1065,24 @@ mod tests {
             })
             .collect();
         assert_eq!(choose(&once, def), Choice::one(D));
+        // Each batch slows a different candidate: the timings are the
+        // least of all rounds (batch 1's D, batch 2's A), not the last
+        // batch's.
+        let mut n = 0;
+        let (timings, batches) = sample(&imps, def, MAX_BATCHES, |times| {
+            n += 1;
+            let mut batch = vec![[Duration::MAX; PROBES.len()]; 2];
+            fill(&mut batch, if n == 1 { A } else { D }, 1.25);
+            for (t, b) in times.iter_mut().zip(&batch) {
+                for (t, b) in t.iter_mut().zip(b) {
+                    *t = (*t).min(*b);
+                }
+            }
+        });
+        assert_eq!(batches, 2);
+        assert_eq!(choose(&timings, def), Choice::one(A));
+        assert_eq!(timings[0].small(), Duration::from_nanos(130));
+        assert_eq!(timings[1].small(), Duration::from_nanos(100));
         // Clear at once: one batch.
         let (_, batches) = sample(&imps, def, MAX_BATCHES, |times| fill(times, D, 1.0));
         assert_eq!(batches, 1);

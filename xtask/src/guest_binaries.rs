@@ -314,8 +314,6 @@ pub fn cargo() -> PathBuf {
     env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from)
 }
 
-/// Runs cargo with `args` and JSON messages in the workspace and returns
-/// the artifacts it built, showing compiler diagnostics as they come.
 /// Variables `cargo run` sets for the program it runs (here, this task)
 /// that describe that program, not the build it asks for: removed from the
 /// cargo this task runs. Build scripts that read one (ring's reads
@@ -344,14 +342,21 @@ const RUN_PREFIXES: [&str; 2] = ["CARGO_PKG_", "CARGO_BIN_EXE_"];
 fn cargo_command(cargo: &Path) -> Command {
     let mut command = Command::new(cargo);
     for (name, _) in env::vars_os() {
-        let Some(text) = name.to_str() else { continue };
-        if RUN_VARIABLES.contains(&text) || RUN_PREFIXES.iter().any(|p| text.starts_with(p)) {
+        if name.to_str().is_some_and(is_run_variable) {
             command.env_remove(&name);
         }
     }
     command
 }
 
+/// Whether `name` is one of [`RUN_VARIABLES`] or starts with one of
+/// [`RUN_PREFIXES`].
+fn is_run_variable(name: &str) -> bool {
+    RUN_VARIABLES.contains(&name) || RUN_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Runs cargo with `args` and JSON messages in the workspace and returns
+/// the artifacts it built, showing compiler diagnostics as they come.
 fn cargo_json(cargo: &Path, workspace: &Workspace, args: &[&str]) -> Result<Vec<Artifact>> {
     let mut command = cargo_command(cargo);
     command
@@ -566,15 +571,29 @@ mod tests {
             assert!(removed.iter().any(|r| r == name), "{name} reaches cargo");
         }
         // What configures the build stays: only removals, none of them
-        // cargo's own settings.
+        // cargo's own settings (by name, whether set here or not).
         assert!(command.get_envs().all(|(_, value)| value.is_none()));
         for kept in [
+            "CARGO",
             "CARGO_HOME",
             "CARGO_TARGET_DIR",
             "CARGO_INCREMENTAL",
+            "CARGO_PROFILE_DEV_DEBUG",
+            "CARGO_BUILD_JOBS",
+            "CARGO_TERM_COLOR",
+            "RUSTFLAGS",
             "PATH",
         ] {
-            assert!(!removed.iter().any(|r| r == kept), "{kept} was removed");
+            assert!(!is_run_variable(kept), "{kept} would be removed");
+        }
+        for gone in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_BIN_EXE_offload",
+            "OUT_DIR",
+        ] {
+            assert!(is_run_variable(gone), "{gone} would reach cargo");
         }
     }
 

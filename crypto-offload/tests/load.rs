@@ -11,7 +11,7 @@
 //! The figures are in `docs/benchmarks.md`, section 3 (`--nocapture` prints
 //! them).
 
-use crate::common;
+mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
