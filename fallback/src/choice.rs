@@ -392,18 +392,19 @@ pub const ROUNDS: usize = 7;
 /// one batch gets more chances, and a clear choice costs one batch.
 ///
 /// What it buys, measured with `choice-stability` (crypto-offload-benches)
-/// on a 2-vCPU AMD Zen 3 beside a compiling CI run, one batch against up
-/// to three in alternation: in one process (60 measurements a mode), CBC
-/// decryption's choice strayed from its most common one 4 times with one
-/// batch and never with up to three. Across fresh processes (`--fresh`,
-/// 2 × 40 a mode) the extra batches did not help: 32 strays of 560 with
-/// one batch, 30 with up to three, nearly all CRC-32C (the load of the
-/// moment decides which of crc32c and crc-fast is faster for large
-/// inputs: a busy sibling thread slows the `crc32` instruction more than
-/// carry-less multiplies) and XTS at 16 B (a tie). Those are conditions,
-/// not noise; a profile (`offload calibrate`) fixes a server's choice.
-/// The extra batches cost what they measure: CTR 1.0 → 2.1 ms, CBC
-/// decryption 0.9 → 2.3 ms, XTS 2.0 → 5.4 ms, the others unchanged.
+/// on a 2-vCPU AMD Zen 3, one batch against up to three in alternation,
+/// counting the choices that strayed from each mode's most common one.
+/// Within one process it steadies the choice: 29 → 15 strays of 420
+/// measurements on a quiet machine (XTS 12 → 5, CRC-32C 17 → 10), 4 → 1
+/// of 420 beside a compiling CI run. Across fresh processes (`--fresh`) it
+/// does not: 19 → 18 of 560 quiet, 32 → 30 of 560 beside the build —
+/// nearly all CRC-32C, whose faster candidate at 16 B is a tie and for
+/// large inputs changes with the neighbours' load (a busy sibling thread
+/// slows the `crc32` instruction more than carry-less multiplies), and
+/// XTS at 16 B, a tie. Those are conditions, not noise: a profile
+/// (`offload calibrate`) fixes a server's choice. The extra batches cost
+/// what they measure: CTR 1.0 → 2.1 ms, CBC decryption 0.9 → 2.3 ms, XTS
+/// 2.0 → 5.4 ms, the others unchanged.
 pub const MAX_BATCHES: usize = 3;
 
 /// How near the [`MARGIN`] (or each other) candidates must measure for a
