@@ -486,18 +486,22 @@ fn sample(
     loop {
         batch(&mut times);
         batches += 1;
-        let timings: Vec<Timing> = imps
-            .iter()
-            .zip(&times)
-            .map(|(&implementation, times)| Timing {
-                implementation,
-                times: times.to_vec(),
-            })
-            .collect();
+        let timings = timings_of(imps, &times);
         if batches >= max_batches || !in_doubt(&timings, default) {
             return (timings, batches);
         }
     }
+}
+
+/// Each of `imps` with its least times so far.
+fn timings_of(imps: &[Implementation], times: &[[Duration; PROBES.len()]]) -> Vec<Timing> {
+    imps.iter()
+        .zip(times)
+        .map(|(&implementation, times)| Timing {
+            implementation,
+            times: times.to_vec(),
+        })
+        .collect()
 }
 
 /// Whether `timings` leave the choice of either size class in doubt
@@ -1057,15 +1061,7 @@ mod tests {
         // What one batch would have chosen: the default, at 0.77x of A.
         let mut once = vec![[Duration::MAX; PROBES.len()]; 2];
         fill(&mut once, A, 1.25);
-        let once: Vec<Timing> = imps
-            .iter()
-            .zip(&once)
-            .map(|(&implementation, times)| Timing {
-                implementation,
-                times: times.to_vec(),
-            })
-            .collect();
-        assert_eq!(choose(&once, def), Choice::one(D));
+        assert_eq!(choose(&timings_of(&imps, &once), def), Choice::one(D));
         // Each batch slows a different candidate: the timings are the
         // least of all rounds (batch 1's D, batch 2's A), not the last
         // batch's.
