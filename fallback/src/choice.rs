@@ -8,9 +8,10 @@
 //! 2 KiB; RustCrypto's CTR and CBC beat aws-lc's on 16–64-byte requests on
 //! Zen 3 and lose to them on Zen 4. So [`measured`] times every candidate
 //! compiled in ([`Mode::candidates`]) at each of [`PROBES`] (16 B to
-//! 16 KiB) and keeps two: the fastest at the smallest probe and the fastest
-//! over the two largest ([`Timing::large`]) — unless it beats the build's default
-//! ([`default_choice`]) by less than [`MARGIN`], so that two near-equal
+//! 16 KiB) and keeps two: the fastest at the smallest probes and the fastest
+//! over the two largest ([`Class`]) — unless it beats the default (the
+//! build's, with the CRC-32s' seeded from the CPU's features:
+//! [`seeded_choice`]) by less than [`MARGIN`], so that two near-equal
 //! candidates do not trade places from one process to the next — with the
 //! request length where the two cross ([`Choice::small_max`]), found
 //! between the probes.
@@ -379,6 +380,47 @@ pub const fn default_choice(mode: Mode) -> Choice {
     }
 }
 
+/// The choice a measurement of `mode` keeps unless a candidate beats it by
+/// the [`MARGIN`]: [`default_choice`], with the large class of the two
+/// CRC-32s seeded from the CPU's features.
+///
+/// crc-fast's large-input CRC-32 code is AVX-512 (`avx512vl` and
+/// `vpclmulqdq`); without it, crc32fast's folding and the `crc32c` crate's
+/// three interleaved `crc32` streams are faster from 1 KiB. Measured, that
+/// is a clear win for crc32fast (1.9× on AMD Zen 3) but a near one for
+/// crc32c, whose lead over crc-fast on the 4 and 16 KiB probes moves
+/// between 1.10× and 1.8× with the machine's load: against crc-fast as
+/// the default, CRC-32C's large class fell back to crc-fast in 1 to 23 of
+/// 60 fresh processes on Zen 3 (`choice-stability --fresh --mode crc32c`,
+/// 2026-12-04), crc-fast/crc32c being the choice of the rest. Seeded
+/// with crc32c, crc-fast must beat it by the margin to take it back. With
+/// AVX-512 (AMD Zen 4, Intel Xeon family 6 model 167) crc-fast was the
+/// fastest from 1 KiB for both, 2–2.5× crc32c's.
+pub fn seeded_choice(mode: Mode) -> Choice {
+    let default = default_choice(mode);
+    if !matches!(mode, Mode::Crc32 | Mode::Crc32c) || crc_fast_is_wide() {
+        return default;
+    }
+    let large = match mode {
+        Mode::Crc32 => Implementation::Crc32Fast,
+        _ => Implementation::Crc32c,
+    };
+    Choice { large, ..default }
+}
+
+/// Whether crc-fast runs its AVX-512 CRC-32 code on this CPU.
+fn crc_fast_is_wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("vpclmulqdq")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Rounds each candidate is timed in (interleaved, so that a clock or
 /// frequency change lands on all of them); the least round counts.
 pub const ROUNDS: usize = 7;
@@ -452,7 +494,7 @@ pub fn measure_batches(mode: Mode, candidates: &[Implementation], max_batches: u
         }
     }
     let imps: Vec<Implementation> = runners.iter().map(|r| r.imp).collect();
-    let default = default_choice(mode);
+    let default = seeded_choice(mode);
     let (timings, batches) = sample(&imps, default, max_batches, |times| {
         for _ in 0..ROUNDS {
             for (r, times) in runners.iter_mut().zip(&mut *times) {
@@ -505,35 +547,94 @@ fn timings_of(imps: &[Implementation], times: &[[Duration; PROBES.len()]]) -> Ve
 }
 
 /// Whether `timings` leave the choice of either size class in doubt
-/// ([`MAX_BATCHES`]): the fastest candidate other than the default within
-/// [`DOUBT`] of beating it by the [`MARGIN`], or, where it beats it by
-/// nearly that, the second fastest within [`DOUBT`] of it.
+/// ([`MAX_BATCHES`]): the best candidate other than the default within
+/// [`DOUBT`] of beating it by the [`MARGIN`] ([`Class::gain`]), or, where
+/// it beats it by nearly that, the second best within [`DOUBT`] of it.
 pub fn in_doubt(timings: &[Timing], default: Choice) -> bool {
-    doubtful(timings, default.small, Timing::small)
-        || doubtful(timings, default.large, Timing::large)
+    doubtful(timings, default.small, Class::Small) || doubtful(timings, default.large, Class::Large)
 }
 
-/// [`in_doubt`] for one size class, timed by `time`.
-fn doubtful(timings: &[Timing], default: Implementation, time: fn(&Timing) -> Duration) -> bool {
-    let secs = |t: &Timing| time(t).as_secs_f64().max(f64::MIN_POSITIVE);
-    let mut others: Vec<f64> = timings
-        .iter()
-        .filter(|t| t.implementation != default)
-        .map(secs)
-        .collect();
-    others.sort_by(f64::total_cmp);
-    let Some(&best) = others.first() else {
-        return false;
-    };
-    let near_each_other = others.get(1).is_some_and(|&second| second / best < DOUBT);
+/// A size class of a [`Choice`], as a measurement judges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Requests up to [`Choice::small_max`]: judged at the three smallest
+    /// probes (16, 64 and 256 B; [`Class::gain`]).
+    Small,
+    /// Longer requests: judged on [`Timing::large`].
+    Large,
+}
+
+impl Class {
+    /// A candidate's time in this class, to rank candidates when there is
+    /// no default to beat.
+    pub fn time(self, t: &Timing) -> Duration {
+        match self {
+            Class::Small => t.small(),
+            Class::Large => t.large(),
+        }
+    }
+
+    /// How many times faster `candidate` is than `default` in this class
+    /// (above 1: faster).
+    ///
+    /// The small class takes the gain at 16 B, capped by the greater of
+    /// those at 64 and 256 B: a candidate replaces the default for small
+    /// requests only if it beats it at 16 B *and* at one of the next two
+    /// probes, so that one probe alone does not decide (nor, at 64 B, stop
+    /// a candidate that wins at 16 and 256 B). At 16 B alone the choice
+    /// strayed: in 4 of 100 fresh processes on AMD Zen 3 (2026-12-03)
+    /// AWS-LC's XTS measured 94–97 ns at 16 B against its usual 58 (the
+    /// machine has a slow level that lasts for hundreds of milliseconds
+    /// and slows each implementation by a factor of its own) while
+    /// RustCrypto's measured 59, and RustCrypto was chosen for requests up
+    /// to 30–128 B, where at 64 and 256 B it was level or slower (85
+    /// against 84, 132 against 121). The small choices that are clear wins
+    /// are clear at all three probes (on Zen 3: RustCrypto's CTR and CBC
+    /// decryption by 1.3–2.1×, ring's GCM by 1.7–1.9×) or at two of them
+    /// (RustCrypto's CBC encryption: 2.4× at 16 B, 1.4× at 64 B, level at
+    /// 256 B).
+    pub fn gain(self, default: &Timing, candidate: &Timing) -> f64 {
+        let ratio =
+            |d: Duration, c: Duration| d.as_secs_f64() / c.as_secs_f64().max(f64::MIN_POSITIVE);
+        match self {
+            Class::Small => {
+                let n = default.times.len().min(candidate.times.len());
+                let g = |j: usize| ratio(default.times[j], candidate.times[j]);
+                match n {
+                    0 => ratio(default.small(), candidate.small()),
+                    1 => g(0),
+                    2 => g(0).min(g(1)),
+                    _ => g(0).min(g(1).max(g(2))),
+                }
+            }
+            Class::Large => ratio(default.large(), candidate.large()),
+        }
+    }
+}
+
+/// [`in_doubt`] for one size class.
+fn doubtful(timings: &[Timing], default: Implementation, class: Class) -> bool {
+    let others = timings.iter().filter(|t| t.implementation != default);
     let Some(d) = timings.iter().find(|t| t.implementation == default) else {
         // No default to keep ([`pick`] takes the plain fastest): in doubt
         // when the two fastest are near each other.
-        return near_each_other;
+        let mut secs: Vec<f64> = others.map(|t| class.time(t).as_secs_f64()).collect();
+        secs.sort_by(f64::total_cmp);
+        return match secs[..] {
+            [best, second, ..] => second / best.max(f64::MIN_POSITIVE) < DOUBT,
+            _ => false,
+        };
     };
-    // How much faster the best other candidate is than the default: in
-    // doubt from MARGIN / DOUBT (a tie, 1.0) up to MARGIN * DOUBT (1.21).
-    let gain = secs(d) / best;
+    let mut gains: Vec<f64> = others.map(|c| class.gain(d, c)).collect();
+    // Best first.
+    gains.sort_by(|a, b| b.total_cmp(a));
+    let Some(&gain) = gains.first() else {
+        return false;
+    };
+    let near_each_other = gains
+        .get(1)
+        .is_some_and(|&second| gain / second.max(f64::MIN_POSITIVE) < DOUBT);
+    // In doubt from MARGIN / DOUBT (a tie, 1.0) up to MARGIN * DOUBT (1.21).
     let near_margin = (MARGIN / DOUBT..MARGIN * DOUBT).contains(&gain);
     near_margin || (gain >= MARGIN / DOUBT && near_each_other)
 }
@@ -543,8 +644,8 @@ fn doubtful(timings: &[Timing], default: Implementation, time: fn(&Timing) -> Du
 /// [`MARGIN`]), and, when those differ, where one hands over to the other
 /// ([`boundary`]).
 fn choose(timings: &[Timing], default: Choice) -> Choice {
-    let small = pick(timings, default.small, Timing::small);
-    let large = pick(timings, default.large, Timing::large);
+    let small = pick(timings, default.small, Class::Small);
+    let large = pick(timings, default.large, Class::Large);
     let of = |imp| timings.iter().find(|t| t.implementation == imp);
     let (Some(s), Some(l)) = (of(small), of(large)) else {
         // (Only when nothing was measured: the default as it is.)
@@ -631,20 +732,25 @@ fn boundary(small: &[Duration], large: &[Duration], default_max: usize) -> Optio
     Some((at as usize).clamp(a, b - 1))
 }
 
-/// The fastest of `timings` by `time`, unless it beats `default` by less
-/// than [`MARGIN`].
-fn pick(
-    timings: &[Timing],
-    default: Implementation,
-    time: impl Fn(&Timing) -> Duration,
-) -> Implementation {
-    let Some(best) = timings.iter().min_by_key(|t| time(t)) else {
-        return default;
+/// The candidate of `timings` that beats `default` by the most in `class`
+/// ([`Class::gain`]), unless that is by less than [`MARGIN`]; the fastest
+/// if `default` was not measured.
+fn pick(timings: &[Timing], default: Implementation, class: Class) -> Implementation {
+    let Some(d) = timings.iter().find(|t| t.implementation == default) else {
+        return timings
+            .iter()
+            .min_by_key(|t| class.time(t))
+            .map_or(default, |t| t.implementation);
     };
-    match timings.iter().find(|t| t.implementation == default) {
-        // (`>=`: a tie, even at a clock too coarse to tell, keeps it.)
-        Some(d) if time(best).as_secs_f64() * MARGIN >= time(d).as_secs_f64() => default,
-        _ => best.implementation,
+    let best = timings
+        .iter()
+        .filter(|t| t.implementation != default)
+        .map(|c| (class.gain(d, c), c.implementation))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match best {
+        // (`>`: a tie, even at a clock too coarse to tell, keeps it.)
+        Some((gain, imp)) if gain > MARGIN => imp,
+        _ => default,
     }
 }
 
@@ -932,7 +1038,7 @@ mod tests {
         // (420·4 + 1080) / 2 = 1380 ns against (288·4 + 1000) / 2 = 1076.
         assert_eq!(fast.large(), Duration::from_nanos(1380));
         assert_eq!(
-            pick(&[fast, c], Implementation::CrcFast, Timing::large),
+            pick(&[fast, c], Implementation::CrcFast, Class::Large),
             Implementation::Crc32c
         );
         let one = Timing {
@@ -948,16 +1054,16 @@ mod tests {
         for &other in Implementation::ALL.iter().filter(|&&i| i != d) {
             // 5% faster: within the margin, the default stays.
             let ts = [t(d, 100, 1000), t(other, 95, 950)];
-            assert_eq!(pick(&ts, d, Timing::small), d);
-            assert_eq!(pick(&ts, d, Timing::large), d);
+            assert_eq!(pick(&ts, d, Class::Small), d);
+            assert_eq!(pick(&ts, d, Class::Large), d);
             // 2x faster when small only: the classes part ways.
             let ts = [t(d, 100, 1000), t(other, 50, 990)];
-            assert_eq!(pick(&ts, d, Timing::small), other);
-            assert_eq!(pick(&ts, d, Timing::large), d);
+            assert_eq!(pick(&ts, d, Class::Small), other);
+            assert_eq!(pick(&ts, d, Class::Large), d);
             // The default not measured (it failed to key): the fastest.
-            assert_eq!(pick(&ts[1..], d, Timing::large), other);
+            assert_eq!(pick(&ts[1..], d, Class::Large), other);
         }
-        assert_eq!(pick(&[], d, Timing::small), d);
+        assert_eq!(pick(&[], d, Class::Small), d);
         assert_eq!(Choice::decode(0), None);
         for &a in Implementation::EVERY {
             for &b in Implementation::EVERY {
@@ -975,7 +1081,7 @@ mod tests {
         // A tie, even at zero (a clock too coarse to tell): the default.
         for &other in Implementation::ALL {
             let ts = [t(other, 0, 0), t(d, 0, 0)];
-            assert_eq!(pick(&ts, d, Timing::small), d);
+            assert_eq!(pick(&ts, d, Class::Small), d);
         }
     }
 
@@ -1162,6 +1268,72 @@ mod tests {
             assert_eq!((got.small, got.large), (f, c), "{got:?}");
             assert!((1024..4096).contains(&got.small_max), "{got:?}");
         }
+    }
+
+    /// The CRC-32s' large class is seeded by whether crc-fast has its
+    /// AVX-512 code here; the small class and every AES mode keep the
+    /// build's default.
+    #[test]
+    fn the_crc32_seeds_follow_crc_fast_s_wide_code() {
+        for mode in Mode::ALL {
+            let (seed, default) = (seeded_choice(mode), default_choice(mode));
+            assert_eq!(seed.small, default.small, "{mode:?}");
+            assert_eq!(seed.small_max, default.small_max, "{mode:?}");
+            let large = match mode {
+                Mode::Crc32 if !crc_fast_is_wide() => Implementation::Crc32Fast,
+                Mode::Crc32c if !crc_fast_is_wide() => Implementation::Crc32c,
+                _ => default.large,
+            };
+            assert_eq!(seed.large, large, "{mode:?}");
+            assert!(mode.candidates().contains(&seed.large), "{mode:?}");
+        }
+        // A tie keeps the seed: Zen 3's CRC-32C at its closest, crc32c
+        // 1.08× crc-fast over 4 and 16 KiB, crc-fast level at 16–256 B.
+        let (f, c) = (Implementation::CrcFast, Implementation::Crc32c);
+        let ts = [
+            at(f, [14, 15, 23, 106, 296, 1000]),
+            at(c, [19, 20, 32, 71, 253, 976]),
+        ];
+        let seed = Choice::split(f, c);
+        assert_eq!(choose(&ts, seed), seed);
+        assert_eq!(choose(&ts, Choice::one(f)), Choice::one(f));
+    }
+
+    /// A candidate that wins at 16 B alone does not take the small class:
+    /// the stray XTS measurement on AMD Zen 3 (2026-12-03), AWS-LC at its
+    /// slow level at 16 B only.
+    #[test]
+    fn one_fast_probe_does_not_take_the_small_class() {
+        let (r, a) = (Implementation::RustCrypto, Implementation::CrcFast);
+        let stray = [
+            at(r, [59, 85, 132, 452, 1857, 7232]),
+            at(a, [97, 84, 121, 265, 865, 3323]),
+        ];
+        assert!((Class::Small.gain(&stray[1], &stray[0]) - 84.0 / 85.0).abs() < 1e-9);
+        assert_eq!(choose(&stray, Choice::one(a)), Choice::one(a));
+        // What the same machine measures at its usual level: also a.
+        let usual = [
+            at(r, [58, 87, 129, 397, 1466, 5824]),
+            at(a, [64, 65, 98, 230, 765, 3037]),
+        ];
+        assert_eq!(choose(&usual, Choice::one(a)), Choice::one(a));
+        // A win at 16 and 64 B, or at 16 and 256 B, takes it; the gain is
+        // the one at 16 B, capped by the better of the other two.
+        for (b64, b256, gain) in [(120, 150, 1.2), (80, 250, 1.25), (95, 350, 1.5)] {
+            let ts = [
+                at(r, [40, 100, 200, 500, 2000, 8000]),
+                at(a, [60, b64, b256, 400, 1000, 4000]),
+            ];
+            let got = Class::Small.gain(&ts[1], &ts[0]);
+            assert!((got - gain).abs() < 1e-9, "{b64} {b256}: {got}");
+            assert_eq!(choose(&ts, Choice::one(a)).small, r, "{b64} {b256}");
+        }
+        // In doubt near the margin at the capped gain, not at 16 B's.
+        let near = [
+            at(r, [40, 100, 200, 500, 2000, 8000]),
+            at(a, [80, 110, 150, 400, 1000, 4000]),
+        ];
+        assert!(in_doubt(&near, Choice::one(a)));
     }
 
     /// One probe where the small implementation loses does not cut it off
