@@ -408,16 +408,19 @@ pub fn seeded_choice(mode: Mode) -> Choice {
     Choice { large, ..default }
 }
 
-/// Whether crc-fast runs its AVX-512 CRC-32 code on this CPU.
+/// Whether crc-fast runs its widest CRC-32 code on this CPU (on x86_64
+/// its AVX-512 code).
 fn crc_fast_is_wide() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("vpclmulqdq")
     }
+    // Elsewhere (aarch64: PMULL) crc-fast's code is its fastest: the
+    // build's default stands.
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        true
     }
 }
 
@@ -472,7 +475,8 @@ pub fn measure(mode: Mode) -> Measured {
 }
 
 /// Times `candidates` (those that run `mode`; the others are left out)
-/// at every one of [`PROBES`] and chooses among them.
+/// at every one of [`PROBES`] and chooses among them (the first listed
+/// standing in for the default if the default is not among them).
 pub fn measure_among(mode: Mode, candidates: &[Implementation]) -> Measured {
     measure_batches(mode, candidates, MAX_BATCHES)
 }
@@ -556,6 +560,7 @@ pub fn in_doubt(timings: &[Timing], default: Choice) -> bool {
 
 /// A size class of a [`Choice`], as a measurement judges it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Class {
     /// Requests up to [`Choice::small_max`]: judged at the three smallest
     /// probes (16, 64 and 256 B; [`Class::gain`]).
@@ -594,8 +599,15 @@ impl Class {
     /// (RustCrypto's CBC encryption: 2.4× at 16 B, 1.4× at 64 B, level at
     /// 256 B).
     pub fn gain(self, default: &Timing, candidate: &Timing) -> f64 {
-        let ratio =
-            |d: Duration, c: Duration| d.as_secs_f64() / c.as_secs_f64().max(f64::MIN_POSITIVE);
+        // (Equal times, even both zero on a clock too coarse to tell, are
+        // a tie: 1.)
+        let ratio = |d: Duration, c: Duration| {
+            if d == c {
+                1.0
+            } else {
+                d.as_secs_f64() / c.as_secs_f64().max(f64::MIN_POSITIVE)
+            }
+        };
         match self {
             Class::Small => {
                 let n = default.times.len().min(candidate.times.len());
@@ -614,18 +626,14 @@ impl Class {
 
 /// [`in_doubt`] for one size class.
 fn doubtful(timings: &[Timing], default: Implementation, class: Class) -> bool {
-    let others = timings.iter().filter(|t| t.implementation != default);
-    let Some(d) = timings.iter().find(|t| t.implementation == default) else {
-        // No default to keep ([`pick`] takes the plain fastest): in doubt
-        // when the two fastest are near each other.
-        let mut secs: Vec<f64> = others.map(|t| class.time(t).as_secs_f64()).collect();
-        secs.sort_by(f64::total_cmp);
-        return match secs[..] {
-            [best, second, ..] => second / best.max(f64::MIN_POSITIVE) < DOUBT,
-            _ => false,
-        };
+    let Some(d) = anchor(timings, default) else {
+        return false;
     };
-    let mut gains: Vec<f64> = others.map(|c| class.gain(d, c)).collect();
+    let mut gains: Vec<f64> = timings
+        .iter()
+        .filter(|t| t.implementation != d.implementation)
+        .map(|c| class.gain(d, c))
+        .collect();
     // Best first.
     gains.sort_by(|a, b| b.total_cmp(a));
     let Some(&gain) = gains.first() else {
@@ -639,10 +647,10 @@ fn doubtful(timings: &[Timing], default: Implementation, class: Class) -> bool {
     near_margin || (gain >= MARGIN / DOUBT && near_each_other)
 }
 
-/// The choice `timings` make: the fastest at the smallest probe and the
-/// fastest at the largest (each kept at `default`'s unless it beats it by
-/// [`MARGIN`]), and, when those differ, where one hands over to the other
-/// ([`boundary`]).
+/// The choice `timings` make: the fastest for small requests and the
+/// fastest for large ones ([`pick`]: each kept at `default`'s unless
+/// another beats it by [`MARGIN`] in its [`Class`]), and, when those
+/// differ, where one hands over to the other ([`boundary`]).
 fn choose(timings: &[Timing], default: Choice) -> Choice {
     let small = pick(timings, default.small, Class::Small);
     let large = pick(timings, default.large, Class::Large);
@@ -664,8 +672,8 @@ fn choose(timings: &[Timing], default: Choice) -> Choice {
             large,
             small_max,
         },
-        // `small` (kept by the margin at the first probe) loses wherever
-        // it matters: `large` runs everything.
+        // `small` (kept by the margin at the smallest probes) loses
+        // wherever it matters: `large` runs everything.
         None => Choice::one(large),
     }
 }
@@ -733,25 +741,39 @@ fn boundary(small: &[Duration], large: &[Duration], default_max: usize) -> Optio
 }
 
 /// The candidate of `timings` that beats `default` by the most in `class`
-/// ([`Class::gain`]), unless that is by less than [`MARGIN`]; the fastest
-/// if `default` was not measured.
+/// ([`Class::gain`]; of equal gains the first listed), unless that is by
+/// less than [`MARGIN`] ([`anchor`]).
 fn pick(timings: &[Timing], default: Implementation, class: Class) -> Implementation {
-    let Some(d) = timings.iter().find(|t| t.implementation == default) else {
-        return timings
-            .iter()
-            .min_by_key(|t| class.time(t))
-            .map_or(default, |t| t.implementation);
+    let Some(d) = anchor(timings, default) else {
+        return default;
     };
-    let best = timings
+    let mut best: Option<(f64, Implementation)> = None;
+    for c in timings
         .iter()
-        .filter(|t| t.implementation != default)
-        .map(|c| (class.gain(d, c), c.implementation))
-        .max_by(|a, b| a.0.total_cmp(&b.0));
+        .filter(|t| t.implementation != d.implementation)
+    {
+        let gain = class.gain(d, c);
+        if best.is_none_or(|(b, _)| gain > b) {
+            best = Some((gain, c.implementation));
+        }
+    }
     match best {
         // (`>`: a tie, even at a clock too coarse to tell, keeps it.)
         Some((gain, imp)) if gain > MARGIN => imp,
-        _ => default,
+        _ => d.implementation,
     }
+}
+
+/// The timing a choice keeps unless another beats it by the [`MARGIN`]:
+/// `default`'s, or, when the default was not measured (a subset given to
+/// [`measure_among`]), the first listed's, so that the rule is the same
+/// and as steady from one measurement to the next; `None` if nothing was
+/// measured.
+fn anchor(timings: &[Timing], default: Implementation) -> Option<&Timing> {
+    timings
+        .iter()
+        .find(|t| t.implementation == default)
+        .or(timings.first())
 }
 
 /// `mode`'s choice on this machine, measured the first time it is asked
@@ -1060,7 +1082,7 @@ mod tests {
             let ts = [t(d, 100, 1000), t(other, 50, 990)];
             assert_eq!(pick(&ts, d, Class::Small), other);
             assert_eq!(pick(&ts, d, Class::Large), d);
-            // The default not measured (it failed to key): the fastest.
+            // The default not measured: the only one there.
             assert_eq!(pick(&ts[1..], d, Class::Large), other);
         }
         assert_eq!(pick(&[], d, Class::Small), d);
@@ -1127,9 +1149,12 @@ mod tests {
         // doubt (the default stays whichever of them is faster).
         let ts = [t(D, 100, 1000), t(A, 200, 2000), t(B, 205, 2050)];
         assert!(!in_doubt(&ts, def));
-        // No default measured (it failed to key): the plain fastest is
-        // taken, so two within 10% are in doubt, 50% apart not.
-        assert!(in_doubt(&[t(A, 100, 1000), t(B, 105, 1050)], def));
+        // No default measured (a subset): the first listed stands in for
+        // it, so another within 10% of the margin against it is in doubt;
+        // 50% faster or slower, not.
+        assert!(in_doubt(&[t(A, 105, 1050), t(B, 100, 1000)], def));
+        assert!(in_doubt(&[t(A, 100, 1000), t(B, 100, 1000)], def));
+        assert!(!in_doubt(&[t(A, 150, 1500), t(B, 100, 1000)], def));
         assert!(!in_doubt(&[t(A, 100, 1000), t(B, 150, 1500)], def));
         // The default not measured, or alone: nothing to doubt.
         assert!(!in_doubt(&[t(A, 100, 1000)], def));
@@ -1334,6 +1359,38 @@ mod tests {
             at(a, [80, 110, 150, 400, 1000, 4000]),
         ];
         assert!(in_doubt(&near, Choice::one(a)));
+    }
+
+    /// Of challengers that beat the default by the same gain, the first
+    /// listed is taken; equal times, even both zero, are a tie (gain 1, in
+    /// doubt); without the default the first listed is kept unless beaten
+    /// by the same rule (the stray XTS timings keep it, either way round).
+    #[test]
+    fn ties_and_a_missing_default_are_settled_by_the_order() {
+        use Implementation::{Crc32Fast, Crc32c, CrcFast, RustCrypto};
+        let ts = [
+            at(CrcFast, [200; 6]),
+            at(Crc32Fast, [100; 6]),
+            at(Crc32c, [100; 6]),
+        ];
+        assert_eq!(pick(&ts, CrcFast, Class::Large), Crc32Fast);
+        assert_eq!(pick(&ts, CrcFast, Class::Small), Crc32Fast);
+        let zero = [at(CrcFast, [0; 6]), at(Crc32Fast, [0; 6])];
+        assert_eq!(Class::Large.gain(&zero[0], &zero[1]), 1.0);
+        assert_eq!(Class::Small.gain(&zero[0], &zero[1]), 1.0);
+        assert!(in_doubt(&zero, Choice::one(CrcFast)));
+        assert_eq!(pick(&zero, CrcFast, Class::Small), CrcFast);
+        let (r, a) = (RustCrypto, CrcFast);
+        let rt = at(r, [59, 85, 132, 452, 1857, 7232]);
+        let at_ = at(a, [97, 84, 121, 265, 865, 3323]);
+        let absent = Choice::one(Crc32c);
+        assert_eq!(choose(&[at_.clone(), rt.clone()], absent).for_len(64), a);
+        assert_eq!(choose(&[at_.clone(), rt.clone()], absent).for_len(16), a);
+        // RustCrypto listed first keeps the small class (aws-lc does not
+        // beat it at 16 B), and aws-lc takes the large one (2.2x).
+        let c = choose(&[rt, at_], absent);
+        assert_eq!((c.small, c.large), (r, a), "{c:?}");
+        assert!(choose(&[], absent) == absent);
     }
 
     /// One probe where the small implementation loses does not cut it off
