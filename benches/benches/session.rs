@@ -16,10 +16,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use crypto_offload::{AeadAlg, Algorithm, CipherAlg, CrcAlg, Offload};
-use crypto_offload_benches::data;
+use crypto_offload::{AeadAlg, CipherAlg, CrcAlg, Offload};
+use crypto_offload_benches::{data, key, offload_with_slow_engine};
 use crypto_offload_fallback as fb;
-use crypto_offload_sim::{SimConfig, SimEngine};
 use futures::FutureExt;
 
 const SIZES: [usize; 4] = [16, 1024, 4096, 65536];
@@ -29,12 +28,6 @@ fn group<'a>(
     name: &str,
 ) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
     crypto_offload_benches::group(c, name, Duration::from_millis(1500), 30)
-}
-
-fn key(len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(1))
-        .collect()
 }
 
 fn block<F: std::future::Future>(f: F) -> F::Output {
@@ -170,30 +163,13 @@ fn session(c: &mut Criterion) {
     g.finish();
 }
 
-/// An `Offload` with a simulated engine for CRC-32C and AES-128-CTR that
-/// costs 25 µs a request, its costs and the CPU's calibrated.
+/// [`offload_with_slow_engine`] on a runtime of its own.
 fn with_engine() -> Offload {
-    let rt = tokio::runtime::Builder::new_current_thread()
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    rt.block_on(async {
-        let sim = SimEngine::new(SimConfig::new(
-            "sim",
-            vec![
-                Algorithm::Crc(CrcAlg::Crc32Iscsi),
-                Algorithm::Cipher(CipherAlg::Aes128Ctr),
-            ],
-            Duration::from_micros(25),
-            1e9,
-        ));
-        let offload = Offload::builder()
-            .backend(std::sync::Arc::new(sim))
-            .build()
-            .unwrap();
-        offload.calibrate().await.unwrap();
-        offload
-    })
+        .unwrap()
+        .block_on(offload_with_slow_engine())
 }
 
 criterion_group!(benches, session);

@@ -21,6 +21,45 @@ pub fn data(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 + 7) as u8).collect()
 }
 
+/// A key of `len` bytes for the session benches (`session`,
+/// `session-overhead`).
+pub fn key(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(1))
+        .collect()
+}
+
+/// An `Offload` with a simulated engine for CRC-32C and AES-128-CTR that
+/// costs 25 µs a request, slower than the CPU at every size, its costs and
+/// the CPU's calibrated: every request on it is a choice, and what the
+/// session benches' `auto-` rows measure is what deciding costs.
+///
+/// # Panics
+/// If the `Offload` cannot be built or calibrated.
+///
+/// # Cancel safety
+/// Not cancel safe: dropped before it completes, the calibration is lost
+/// (a bench setup, awaited to the end).
+pub async fn offload_with_slow_engine() -> crypto_offload::Offload {
+    use crypto_offload::{Algorithm, CipherAlg, CrcAlg, Offload};
+    use crypto_offload_sim::{SimConfig, SimEngine};
+    let sim = SimEngine::new(SimConfig::new(
+        "sim",
+        vec![
+            Algorithm::Crc(CrcAlg::Crc32Iscsi),
+            Algorithm::Cipher(CipherAlg::Aes128Ctr),
+        ],
+        std::time::Duration::from_micros(25),
+        1e9,
+    ));
+    let offload = Offload::builder()
+        .backend(std::sync::Arc::new(sim))
+        .build()
+        .expect("an Offload with the simulated engine");
+    offload.calibrate().await.expect("calibrating");
+    offload
+}
+
 /// A criterion group with this crate's timing: short warm-up, `measure`
 /// per benchmark, `samples` samples (the suite has ~350 benchmarks).
 pub fn group<'a>(

@@ -26,10 +26,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use crypto_offload::{AeadAlg, Algorithm, CipherAlg, CrcAlg, Offload};
-use crypto_offload_benches::{data, parse_size};
+use crypto_offload::{AeadAlg, CipherAlg, CrcAlg, Offload};
+use crypto_offload_benches::{data, key, offload_with_slow_engine, parse_size};
 use crypto_offload_fallback as fb;
-use crypto_offload_sim::{SimConfig, SimEngine};
 
 #[derive(Parser)]
 #[command(about = "A session's cost per request against direct calls, interleaved")]
@@ -111,32 +110,6 @@ macro_rules! overhead {
     }};
 }
 
-fn key(len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(1))
-        .collect()
-}
-
-/// An `Offload` with a simulated engine for CRC-32C and AES-128-CTR that
-/// costs 25 µs a request, its costs and the CPU's calibrated.
-async fn with_engine() -> Offload {
-    let sim = SimEngine::new(SimConfig::new(
-        "sim",
-        vec![
-            Algorithm::Crc(CrcAlg::Crc32Iscsi),
-            Algorithm::Cipher(CipherAlg::Aes128Ctr),
-        ],
-        Duration::from_micros(25),
-        1e9,
-    ));
-    let offload = Offload::builder()
-        .backend(std::sync::Arc::new(sim))
-        .build()
-        .expect("an Offload with the simulated engine");
-    offload.calibrate().await.expect("calibrating");
-    offload
-}
-
 fn main() {
     let args = Args::parse();
     UNCONSTRAINED.store(args.unconstrained, Ordering::Relaxed);
@@ -145,7 +118,7 @@ fn main() {
         .build()
         .expect("a tokio runtime");
     let cpu = rt.block_on(Offload::discover()).expect("Offload::discover");
-    let engine = rt.block_on(with_engine());
+    let engine = rt.block_on(offload_with_slow_engine());
     let ms = args.ms;
     let mut rows = Vec::new();
     for &size in &args.sizes {
