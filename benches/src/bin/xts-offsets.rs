@@ -24,6 +24,14 @@
 //! processes (2048: 75.1 ns, offset 0 right after it 60.1). So the levels
 //! come and go in time and per process, with at most a weak link to the
 //! offset; the cause is not known.
+//!
+//! 2026-12-04, same machine: the slow level is the machine's, not the
+//! layout's. Timed alternately in one process (40 slices each), AWS-LC's
+//! and RustCrypto's 16 B XTS were slow together for whole ~370 ms
+//! processes (76–85 and 85–103 ns) or fast together (59 and 54), one
+//! process switching mid-run; each is slowed by a factor of its own, so
+//! the two can swap places. 80 stack depths and 16 key objects × 4
+//! buffers in one process made no difference.
 
 use std::hint::black_box;
 use std::time::Instant;
