@@ -123,30 +123,20 @@ fn main() {
     let mut rows = Vec::new();
     for &size in &args.sizes {
         let direct = fb::Ctr::new(&key(16)).expect("a CTR key");
-        let s = rt
-            .block_on(cpu.cipher(CipherAlg::Aes128Ctr, &key(16)))
-            .expect("a CTR session");
-        overhead!(
-            rows,
-            rt,
-            "ctr-128",
-            size,
-            ms,
-            |buf| direct.apply_keystream(&[1; 16], buf).expect("CTR"),
-            |buf| s.encrypt([1; 16], buf).await.expect("CTR")
-        );
-        let s = rt
-            .block_on(engine.cipher(CipherAlg::Aes128Ctr, &key(16)))
-            .expect("a CTR session");
-        overhead!(
-            rows,
-            rt,
-            "auto-ctr-128",
-            size,
-            ms,
-            |buf| direct.apply_keystream(&[1; 16], buf).expect("CTR"),
-            |buf| s.encrypt([1; 16], buf).await.expect("CTR")
-        );
+        for (name, offload) in [("ctr-128", &cpu), ("auto-ctr-128", &engine)] {
+            let s = rt
+                .block_on(offload.cipher(CipherAlg::Aes128Ctr, &key(16)))
+                .expect("a CTR session");
+            overhead!(
+                rows,
+                rt,
+                name,
+                size,
+                ms,
+                |buf| direct.apply_keystream(&[1; 16], buf).expect("CTR"),
+                |buf| s.encrypt([1; 16], buf).await.expect("CTR")
+            );
+        }
 
         let direct = fb::Xts::new(&key(64)).expect("an XTS key");
         let s = rt
@@ -183,30 +173,15 @@ fn main() {
         );
 
         let mut direct = fb::Crc::new(fb::CrcAlg::Crc32Iscsi);
-        let mut s = rt
-            .block_on(cpu.crc(CrcAlg::Crc32Iscsi))
-            .expect("a CRC session");
-        overhead!(
-            rows,
-            rt,
-            "crc32c",
-            size,
-            ms,
-            |buf| direct.update(buf),
-            |buf| s.update(buf).await.expect("CRC")
-        );
-        let mut s = rt
-            .block_on(engine.crc(CrcAlg::Crc32Iscsi))
-            .expect("a CRC session");
-        overhead!(
-            rows,
-            rt,
-            "auto-crc32c",
-            size,
-            ms,
-            |buf| direct.update(buf),
-            |buf| s.update(buf).await.expect("CRC")
-        );
+        for (name, offload) in [("crc32c", &cpu), ("auto-crc32c", &engine)] {
+            let mut s = rt
+                .block_on(offload.crc(CrcAlg::Crc32Iscsi))
+                .expect("a CRC session");
+            overhead!(rows, rt, name, size, ms, |buf| direct.update(buf), |buf| s
+                .update(buf)
+                .await
+                .expect("CRC"));
+        }
         black_box(direct.finalize());
     }
 
