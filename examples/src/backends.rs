@@ -1,9 +1,10 @@
 //! The servers' and load generators' `--policy`, `--backend` and `--sim`
 //! flags, the [`Offload`] they build, and what each backend served.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use crypto_offload::{Algorithm, Offload, Policy};
+use crypto_offload::{Algorithm, Offload, Policy, Profile, ProfileError};
 use crypto_offload_sim::{SimConfig, SimEngine};
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +25,12 @@ pub struct BackendArgs {
     /// Add a simulated engine (repeatable): omap, qce, mcrc64, eip197.
     #[arg(long = "sim", value_name = "PRESET")]
     pub sims: Vec<String>,
+    /// Load the cost model and the CPU implementations from a profile
+    /// (`offload calibrate --out FILE`) instead of measuring them at start:
+    /// a start in milliseconds rather than seconds, and the same choices
+    /// every start.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
 }
 
 impl Default for BackendArgs {
@@ -32,6 +39,7 @@ impl Default for BackendArgs {
             policy: Policy::Throughput,
             backend: None,
             sims: Vec::new(),
+            profile: None,
         }
     }
 }
@@ -43,6 +51,22 @@ pub enum SetupError {
     /// `--sim` named no preset.
     #[error("unknown --sim {0:?}; presets: {presets}", presets = SimConfig::PRESETS.join(", "))]
     UnknownSim(String),
+    /// `--profile` could not be read.
+    #[error("--profile {path}: {source}", path = path.display())]
+    ReadProfile {
+        /// The file.
+        path: PathBuf,
+        /// Why (keeps the errno).
+        source: std::io::Error,
+    },
+    /// `--profile` is not a profile.
+    #[error("--profile {path}: {source}", path = path.display())]
+    Profile {
+        /// The file.
+        path: PathBuf,
+        /// Where and why it does not parse.
+        source: ProfileError,
+    },
     /// The `Offload` could not be built (a `--backend` that names no backend).
     #[error(transparent)]
     Offload(#[from] crypto_offload::Error),
@@ -53,15 +77,24 @@ impl BackendArgs {
     /// applies the policy and the forced backend. Must run inside a tokio
     /// runtime (a simulated engine starts its device threads there).
     ///
+    /// With `--profile`, nothing is measured: the profile's cost model and
+    /// CPU implementations are taken as they are.
+    ///
     /// # Errors
-    /// [`SetupError::UnknownSim`]; [`SetupError::Offload`] for a
-    /// `--backend` that names no backend.
+    /// [`SetupError::UnknownSim`]; [`SetupError::ReadProfile`] and
+    /// [`SetupError::Profile`] for a `--profile` that cannot be read or
+    /// parsed; [`SetupError::Offload`] for a `--backend` that names no
+    /// backend.
     ///
     /// # Cancel safety
     /// Dropping the future leaves nothing behind (the simulated engines
     /// built so far are dropped with it).
     pub async fn offloads(&self) -> Result<Offloads, SetupError> {
+        let profile = self.profile()?;
         let mut builder = Offload::builder().policy(self.policy);
+        if let Some(profile) = &profile {
+            builder = builder.profile(profile.clone());
+        }
         for name in &self.sims {
             let config =
                 SimConfig::preset(name).ok_or_else(|| SetupError::UnknownSim(name.clone()))?;
@@ -75,10 +108,35 @@ impl BackendArgs {
             .backends()
             .into_iter()
             .any(|b| b.pinned && b.name != "cpu");
+        let cpu = forced.then(|| {
+            let builder = Offload::builder();
+            match profile {
+                Some(profile) => builder.profile(profile),
+                None => builder,
+            }
+            .build()
+        });
         Ok(Offloads {
-            cpu: forced.then(|| Offload::builder().build()).transpose()?,
+            cpu: cpu.transpose()?,
             main,
         })
+    }
+
+    /// The `--profile`, read and parsed.
+    fn profile(&self) -> Result<Option<Profile>, SetupError> {
+        let Some(path) = &self.profile else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| SetupError::ReadProfile {
+            path: path.clone(),
+            source,
+        })?;
+        Profile::from_toml(&text)
+            .map(Some)
+            .map_err(|source| SetupError::Profile {
+                path: path.clone(),
+                source,
+            })
     }
 }
 
@@ -274,6 +332,75 @@ mod tests {
         let auto = BackendArgs::default().offloads().await.unwrap();
         assert!(auto.left_on_cpu(&[CrcAlg::Crc32Iscsi.into()]).is_empty());
         assert_eq!(auto.selection(), "auto (throughput)");
+    }
+
+    #[tokio::test]
+    async fn a_profile_is_taken_as_it_is_by_both_offloads() {
+        use crypto_offload::cpu::ChoiceSource;
+        use crypto_offload::cpu_choice::Mode;
+        use crypto_offload::{CipherAlg, CrcAlg};
+        let sim = BackendArgs {
+            sims: vec!["qce".into()],
+            ..BackendArgs::default()
+        };
+        let saved = sim
+            .offloads()
+            .await
+            .unwrap()
+            .for_alg(CrcAlg::Crc32Iscsi)
+            .profile();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("profile.toml");
+        std::fs::write(&path, saved.to_toml().unwrap()).unwrap();
+        let args = BackendArgs {
+            backend: Some("sim:qce".into()),
+            profile: Some(path),
+            ..sim
+        };
+        let o = args.offloads().await.unwrap();
+        // What the profile says each mode runs on, as a plain Offload reads it.
+        let loaded = Offload::builder().profile(saved).build().unwrap();
+        // The forced engine's Offload and the CPU-only one beside it both
+        // run the profile's CPU implementations rather than measuring.
+        for alg in [
+            Algorithm::from(CipherAlg::Aes256Xts),
+            CrcAlg::Crc32Iscsi.into(),
+        ] {
+            let offload = o.for_alg(alg);
+            for mode in Mode::ALL {
+                let (choice, source) = offload.cpu_choice(mode);
+                assert_eq!(source, ChoiceSource::Given, "{alg} {mode:?}");
+                assert_eq!(choice, loaded.cpu_choice(mode).0, "{alg} {mode:?}");
+            }
+        }
+        // The engine's costs came from the profile too: it is calibrated.
+        let qce = o.for_alg(CipherAlg::Aes256Xts).backends();
+        let qce = qce.iter().find(|b| b.name == "sim:qce").unwrap();
+        assert_eq!(qce.unavailable, None);
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_malformed_profile_is_a_typed_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = BackendArgs {
+            profile: Some(dir.path().join("none.toml")),
+            ..BackendArgs::default()
+        };
+        match missing.offloads().await {
+            Err(SetupError::ReadProfile { source, .. }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound)
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "[[entry]]\nbackend = 3\n").unwrap();
+        let malformed = BackendArgs {
+            profile: Some(bad),
+            ..BackendArgs::default()
+        };
+        let err = malformed.offloads().await.unwrap_err();
+        assert!(matches!(err, SetupError::Profile { .. }), "{err}");
+        assert!(err.to_string().contains("bad.toml"), "{err}");
     }
 
     #[tokio::test]
