@@ -13,6 +13,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use crypto_offload_benches::contenders::{self, KEY};
 use crypto_offload_benches::data;
@@ -22,7 +24,7 @@ fn group<'a>(
     c: &'a mut Criterion,
     name: &str,
 ) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
-    crypto_offload_benches::group(c, name, Duration::from_millis(900), 20)
+    common::group(c, name, Duration::from_millis(900), 20)
 }
 
 /// Every contender of every group at each of its sizes.

@@ -15,6 +15,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use crypto_offload::{AeadAlg, CipherAlg, CrcAlg, Offload};
 use crypto_offload_benches::{data, key, offload_with_slow_engine};
@@ -27,7 +29,7 @@ fn group<'a>(
     c: &'a mut Criterion,
     name: &str,
 ) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
-    crypto_offload_benches::group(c, name, Duration::from_millis(1500), 30)
+    common::group(c, name, Duration::from_millis(1500), 30)
 }
 
 fn block<F: std::future::Future>(f: F) -> F::Output {

@@ -60,21 +60,6 @@ pub async fn offload_with_slow_engine() -> crypto_offload::Offload {
     offload
 }
 
-/// A criterion group with this crate's timing: short warm-up, `measure`
-/// per benchmark, `samples` samples (the suite has ~350 benchmarks).
-pub fn group<'a>(
-    c: &'a mut criterion::Criterion,
-    name: &str,
-    measure: std::time::Duration,
-    samples: usize,
-) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
-    let mut g = c.benchmark_group(name);
-    g.warm_up_time(std::time::Duration::from_millis(300))
-        .measurement_time(measure)
-        .sample_size(samples);
-    g
-}
-
 /// A size argument: bytes, or with a `k` or `m` suffix (KiB, MiB).
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim().to_ascii_lowercase();
