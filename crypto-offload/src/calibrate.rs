@@ -50,8 +50,22 @@ fn pairs(supports: impl Fn(Algorithm) -> bool) -> Vec<(Algorithm, Direction)> {
 
 /// Measures every slot's costs (see the module docs).
 pub(crate) async fn run(slots: &Slots) {
-    calibrate_cpu(slots);
-    for id in slots.engine_ids() {
+    run_where(slots, |_| true).await;
+}
+
+/// Measures the costs of the slots that have none: those a loaded profile
+/// did not cover (made on another machine, or before an engine joined).
+/// The others keep the profile's.
+pub(crate) async fn run_uncalibrated(slots: &Slots) {
+    run_where(slots, |id| !slots[id].calibrated()).await;
+}
+
+/// Measures the costs of the slots `which` picks.
+async fn run_where(slots: &Slots, which: impl Fn(SlotId) -> bool) {
+    if which(SlotId::CPU) {
+        calibrate_cpu(slots);
+    }
+    for id in slots.engine_ids().filter(|&id| which(id)) {
         let Some(backend) = slots[id].backend().cloned() else {
             continue;
         };

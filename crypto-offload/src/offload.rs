@@ -309,8 +309,11 @@ impl Offload {
     /// [`discover`](Offload::discover) on top of `builder`: every
     /// compiled-in backend that works here joins the backends, policy, pin
     /// and profile `builder` already has, and the result is calibrated when
-    /// there is more than the CPU (unless a profile was given). For servers
-    /// that take a policy or a forced backend from their command line.
+    /// there is more than the CPU. With a profile, only the backends it has
+    /// no costs for are calibrated (a profile made on another machine, or
+    /// before a device joined or moved to another address), the others
+    /// keep the profile's. For servers that take a policy, a forced
+    /// backend or a saved profile from their command line.
     ///
     /// ```
     /// # futures::executor::block_on(async {
@@ -337,8 +340,12 @@ impl Offload {
         let mut offload = builder.build()?;
         offload.discovery = Arc::from(discovery);
         // With the CPU alone there is nothing to choose between.
-        if offload.slots.has_engines() && !profiled {
-            offload.calibrate().await?;
+        if offload.slots.has_engines() {
+            if profiled {
+                crate::calibrate::run_uncalibrated(&offload.slots).await;
+            } else {
+                offload.calibrate().await?;
+            }
         }
         Ok(offload)
     }

@@ -67,6 +67,13 @@ pub enum SetupError {
         /// Where and why it does not parse.
         source: ProfileError,
     },
+    /// `--profile` parses but holds neither costs nor CPU implementations
+    /// (an empty file, or another TOML file).
+    #[error("--profile {path}: no [[entry]] and no [[cpu_implementation]]: not a profile `offload calibrate --out` wrote", path = path.display())]
+    EmptyProfile {
+        /// The file.
+        path: PathBuf,
+    },
     /// The `Offload` could not be built (a `--backend` that names no backend).
     #[error(transparent)]
     Offload(#[from] crypto_offload::Error),
@@ -77,13 +84,14 @@ impl BackendArgs {
     /// applies the policy and the forced backend. Must run inside a tokio
     /// runtime (a simulated engine starts its device threads there).
     ///
-    /// With `--profile`, nothing is measured: the profile's cost model and
-    /// CPU implementations are taken as they are.
+    /// With `--profile`, the profile's costs and CPU implementations are
+    /// taken as they are; only what it lacks is measured (an engine it has
+    /// no costs for: `Offload::discover_with`; a CPU mode it does not name).
     ///
     /// # Errors
-    /// [`SetupError::UnknownSim`]; [`SetupError::ReadProfile`] and
-    /// [`SetupError::Profile`] for a `--profile` that cannot be read or
-    /// parsed; [`SetupError::Offload`] for a `--backend` that names no
+    /// [`SetupError::UnknownSim`]; [`SetupError::ReadProfile`],
+    /// [`SetupError::Profile`] and [`SetupError::EmptyProfile`] for a
+    /// `--profile` that cannot be read, parsed, or holds nothing; [`SetupError::Offload`] for a `--backend` that names no
     /// backend.
     ///
     /// # Cancel safety
@@ -131,12 +139,14 @@ impl BackendArgs {
             path: path.clone(),
             source,
         })?;
-        Profile::from_toml(&text)
-            .map(Some)
-            .map_err(|source| SetupError::Profile {
-                path: path.clone(),
-                source,
-            })
+        let profile = Profile::from_toml(&text).map_err(|source| SetupError::Profile {
+            path: path.clone(),
+            source,
+        })?;
+        if profile.entries.is_empty() && profile.cpu_implementations.is_empty() {
+            return Err(SetupError::EmptyProfile { path: path.clone() });
+        }
+        Ok(Some(profile))
     }
 }
 
@@ -359,7 +369,7 @@ mod tests {
         };
         let o = args.offloads().await.unwrap();
         // What the profile says each mode runs on, as a plain Offload reads it.
-        let loaded = Offload::builder().profile(saved).build().unwrap();
+        let loaded = Offload::builder().profile(saved.clone()).build().unwrap();
         // The forced engine's Offload and the CPU-only one beside it both
         // run the profile's CPU implementations rather than measuring.
         for alg in [
@@ -373,10 +383,27 @@ mod tests {
                 assert_eq!(choice, loaded.cpu_choice(mode).0, "{alg} {mode:?}");
             }
         }
-        // The engine's costs came from the profile too: it is calibrated.
-        let qce = o.for_alg(CipherAlg::Aes256Xts).backends();
-        let qce = qce.iter().find(|b| b.name == "sim:qce").unwrap();
-        assert_eq!(qce.unavailable, None);
+        // Not forced, the engine's costs are the profile's, as they were
+        // saved (measured again, they would differ in some digit).
+        let auto = BackendArgs {
+            backend: None,
+            ..args
+        };
+        let now = auto
+            .offloads()
+            .await
+            .unwrap()
+            .for_alg(CipherAlg::Aes256Xts)
+            .profile();
+        let qce: Vec<_> = saved
+            .entries
+            .iter()
+            .filter(|e| e.backend == "sim:qce")
+            .collect();
+        assert!(!qce.is_empty());
+        for e in qce {
+            assert!(now.entries.contains(e), "{e:?}");
+        }
     }
 
     #[tokio::test]
@@ -401,6 +428,15 @@ mod tests {
         let err = malformed.offloads().await.unwrap_err();
         assert!(matches!(err, SetupError::Profile { .. }), "{err}");
         assert!(err.to_string().contains("bad.toml"), "{err}");
+        // Another TOML file parses as a profile with nothing in it.
+        let other = dir.path().join("Cargo.toml");
+        std::fs::write(&other, "[package]\nname = \"x\"\n").unwrap();
+        let empty = BackendArgs {
+            profile: Some(other),
+            ..BackendArgs::default()
+        };
+        let err = empty.offloads().await.unwrap_err();
+        assert!(matches!(err, SetupError::EmptyProfile { .. }), "{err}");
     }
 
     #[tokio::test]

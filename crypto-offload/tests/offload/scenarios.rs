@@ -275,6 +275,38 @@ async fn explain_lists_every_backend_and_profiles_round_trip() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn discovery_on_a_profile_calibrates_only_the_engines_it_lacks() {
+    // A profile made where only sim:qce was...
+    let made = Offload::builder()
+        .backend(Arc::new(SimEngine::new(preset("qce"))))
+        .build()
+        .unwrap();
+    made.calibrate().await.unwrap();
+    let saved = made.profile();
+    assert!(!saved.entries.iter().any(|e| e.backend == "sim:mcrc64"));
+    // ...loaded where sim:mcrc64 has joined it.
+    let offload = Offload::discover_with(
+        Offload::builder()
+            .backend(Arc::new(SimEngine::new(preset("qce"))))
+            .backend(Arc::new(SimEngine::new(preset("mcrc64"))))
+            .profile(saved.clone()),
+    )
+    .await
+    .unwrap();
+    let b = offload.backends();
+    assert!(b.iter().all(|b| b.unavailable.is_none()), "{b:?}");
+    let now = offload.profile();
+    assert!(
+        now.entries.iter().any(|e| e.backend == "sim:mcrc64"),
+        "the engine the profile lacked was calibrated: {now:?}"
+    );
+    // The CPU's and sim:qce's costs are the profile's, not measured again.
+    for e in &saved.entries {
+        assert!(now.entries.contains(e), "{e:?} kept");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn calibration_stays_within_its_budget() {
     // On the paused clock only the engines' (virtual) time counts: the
     // CPU's calibration spins in real time.
