@@ -755,8 +755,11 @@ impl Drop for CipherSession {
                             error = %e,
                             "a dropped session's device session was not destroyed"
                         ),
-                        // Suspended or gone meanwhile: its reset took the
-                        // device session with it.
+                        // Suspended or gone meanwhile: the virtio spec has
+                        // a reset clear the device's state, its sessions
+                        // with it. (QEMU's builtin backend, 7.2 at least,
+                        // keeps them until its 256 are used up; creating
+                        // one then fails with the device's error status.)
                         Err(e) => tracing::debug!(
                             address = %dev.address,
                             error = %e,
