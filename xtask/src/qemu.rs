@@ -298,6 +298,41 @@ pub struct Boot {
     pub log: PathBuf,
     /// What happened to a KVM attempt that was given up.
     pub kvm_note: Option<String>,
+    /// How QEMU itself died in an attempt that was repeated
+    /// ([`emulator_crash`]).
+    pub crash_note: Option<String>,
+}
+
+/// The signal QEMU died of, when it died of one that means the emulator
+/// itself crashed (not the guest, not our timeout: a killed attempt has no
+/// status), after the guest had started. Such an attempt is repeated once:
+/// QEMU 7.2 (Debian bookworm's) crashes now and then under multi-threaded
+/// TCG while a guest remaps PCI BARs on one vCPU as the other does MMIO
+/// (upstream 0d58c660, "softmmu: Use async_run_on_cpu in tcg_commit", first
+/// in 8.1.1); a CI run lost a whole vfio run to one SIGSEGV that six local
+/// runs of the same commit did not repeat. A crash the guest's own requests
+/// cause crashes the repeat too, and fails the run.
+fn emulator_crash(status: Option<ExitStatus>, alive: bool) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt as _;
+    const CRASHES: [i32; 5] = [
+        libc_signal::SIGILL,
+        libc_signal::SIGABRT,
+        libc_signal::SIGBUS,
+        libc_signal::SIGFPE,
+        libc_signal::SIGSEGV,
+    ];
+    let signal = status?.signal()?;
+    (alive && CRASHES.contains(&signal)).then_some(signal)
+}
+
+/// The x86-64 Linux numbers of the signals [`emulator_crash`] takes for an
+/// emulator crash (xtask does not depend on libc for five constants).
+mod libc_signal {
+    pub const SIGILL: i32 = 4;
+    pub const SIGABRT: i32 = 6;
+    pub const SIGBUS: i32 = 7;
+    pub const SIGFPE: i32 = 8;
+    pub const SIGSEGV: i32 = 11;
 }
 
 /// Boots one run: KVM first if the chooser allows, else (or then) TCG.
@@ -315,7 +350,9 @@ pub fn boot(
         let window = fallback.then_some(KVM_BOOT_WINDOW);
         let attempt = attempt(machine, run, Accel::Kvm, timeout, window, &log)?;
         if !fallback || attempt.alive {
-            return Ok(attempt.into_boot(Accel::Kvm, log, None));
+            let (attempt, crash_note) =
+                repeat_after_a_crash(attempt, machine, run, Accel::Kvm, timeout, &log)?;
+            return Ok(attempt.into_boot(Accel::Kvm, log, None, crash_note));
         }
         // The judged (TCG) run gets <run>.log; the KVM attempt's log stays aside.
         let kvm_log = log_dir.join(format!("{}-kvm.log", run.name()));
@@ -333,7 +370,35 @@ pub fn boot(
         kvm_note = Some(reason);
     }
     let attempt = attempt(machine, run, Accel::Tcg, timeout, None, &log)?;
-    Ok(attempt.into_boot(Accel::Tcg, log, kvm_note))
+    let (attempt, crash_note) =
+        repeat_after_a_crash(attempt, machine, run, Accel::Tcg, timeout, &log)?;
+    Ok(attempt.into_boot(Accel::Tcg, log, kvm_note, crash_note))
+}
+
+/// Runs the run once more if QEMU crashed in `first` ([`emulator_crash`]),
+/// keeping the crashed attempt's log as `<run>-crash.log`; returns the
+/// attempt to judge and, if there was a crash, what happened.
+fn repeat_after_a_crash(
+    first: Attempt,
+    machine: &Machine,
+    run: RunKind,
+    accel: Accel,
+    timeout: Duration,
+    log: &Path,
+) -> Result<(Attempt, Option<String>)> {
+    let Some(signal) = emulator_crash(first.status, first.alive) else {
+        return Ok((first, None));
+    };
+    let crash_log = log.with_file_name(format!("{}-crash.log", run.name()));
+    fs::rename(log, &crash_log).with_context(|| format!("renaming {}", log.display()))?;
+    let note = format!(
+        "QEMU crashed (signal {signal}) {:.0} s into the run (log {}); the run was repeated once",
+        first.wall.as_secs_f64(),
+        crash_log.display()
+    );
+    eprintln!("vm-test: {note}");
+    let second = attempt(machine, run, accel, timeout, None, log)?;
+    Ok((second, Some(note)))
 }
 
 /// The result of one QEMU process.
@@ -345,13 +410,20 @@ struct Attempt {
 }
 
 impl Attempt {
-    fn into_boot(self, accel: Accel, log: PathBuf, kvm_note: Option<String>) -> Boot {
+    fn into_boot(
+        self,
+        accel: Accel,
+        log: PathBuf,
+        kvm_note: Option<String>,
+        crash_note: Option<String>,
+    ) -> Boot {
         Boot {
             accel,
             report: self.report,
             wall: self.wall,
             log,
             kvm_note,
+            crash_note,
         }
     }
 }
@@ -931,6 +1003,88 @@ mod tests {
             log.contains("VMTEST-BEGIN t") && log.contains("timeout: killing QEMU"),
             "{log}"
         );
+    }
+
+    /// Boots the plain run under TCG on a fake QEMU; returns the boot and
+    /// the crashed attempt's log, if one was kept.
+    fn fake_boot(name: &str, script: &str) -> (Boot, Option<String>) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("xtask-boot-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let qemu = dir.join("qemu");
+        let script = script.replace("$DIR", &dir.display().to_string());
+        std::fs::write(&qemu, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let machine = Machine {
+            qemu,
+            kernel: "/k".into(),
+            initrd: "/i".into(),
+            host_hog: 0,
+        };
+        let mut chooser = AccelChooser::new(AccelPolicy::Tcg);
+        let boot = boot(
+            &machine,
+            RunKind::Plain,
+            Duration::from_secs(30),
+            &dir,
+            &mut chooser,
+        )
+        .unwrap();
+        let crash_log = std::fs::read_to_string(dir.join("plain-crash.log")).ok();
+        std::fs::remove_dir_all(&dir).unwrap();
+        (boot, crash_log)
+    }
+
+    const PASSING_GUEST: &str = "echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; echo 'VMTEST-END t rc=0'; echo VMTEST-DONE";
+
+    #[test]
+    fn a_qemu_that_crashes_once_is_run_again_and_says_so() {
+        // The first QEMU segfaults mid-run; the second passes.
+        let (boot, crash_log) = fake_boot(
+            "crash-once",
+            &format!(
+                "if [ ! -e $DIR/crashed ]; then touch $DIR/crashed; \
+                 echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; kill -SEGV $$; fi; \
+                 {PASSING_GUEST}"
+            ),
+        );
+        assert!(boot.report.passed(), "{:?}", boot.report.failures);
+        let note = boot.crash_note.expect("the crash is reported");
+        assert!(
+            note.contains("signal 11") && note.contains("plain-crash.log"),
+            "{note}"
+        );
+        assert!(crash_log.unwrap().contains("VMTEST-BEGIN t"));
+    }
+
+    #[test]
+    fn a_qemu_that_crashes_twice_fails_the_run() {
+        let (boot, _) = fake_boot(
+            "crash-twice",
+            "echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; kill -SEGV $$",
+        );
+        assert!(boot.crash_note.is_some());
+        assert!(
+            boot.report.failures[0].contains("signal: 11"),
+            "{:?}",
+            boot.report.failures
+        );
+    }
+
+    #[test]
+    fn a_failing_guest_or_a_qemu_error_is_not_run_again() {
+        // A test that fails, and QEMU exiting with an error of its own.
+        for (name, script) in [
+            (
+                "guest-fails",
+                "echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; echo 'VMTEST-END t rc=1'; echo VMTEST-DONE",
+            ),
+            ("qemu-error", "echo VMTEST-INIT; exit 1"),
+        ] {
+            let (boot, crash_log) = fake_boot(name, script);
+            assert!(!boot.report.passed(), "{name}");
+            assert!(boot.crash_note.is_none() && crash_log.is_none(), "{name}");
+        }
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub fn render(runs: &[(RunKind, Boot)], phases: &[(&str, Duration)], total: Dura
         );
     }
     for (run, boot) in runs {
-        if let Some(note) = &boot.kvm_note {
+        for note in boot.kvm_note.iter().chain(&boot.crash_note) {
             let _ = writeln!(out, "note {}: {note}", run.name());
         }
         for failure in &boot.report.failures {
@@ -109,6 +109,7 @@ mod tests {
             wall: Duration::from_secs(10),
             log: "/t/vm-test/plain.log".into(),
             kvm_note: Some("KVM did not reach /init".into()),
+            crash_note: Some("QEMU crashed (signal 11)".into()),
         }
     }
 
@@ -160,6 +161,10 @@ mod tests {
         );
         assert!(
             text.contains("note plain: KVM did not reach /init"),
+            "{text}"
+        );
+        assert!(
+            text.contains("note plain: QEMU crashed (signal 11)"),
             "{text}"
         );
         assert!(
