@@ -71,7 +71,15 @@ pub(crate) struct Faults {
     /// Control completions raise no interrupt (one lost, as seen from the
     /// driver): only a look at the used ring finds them.
     pub(crate) silent_control: bool,
+    /// The device holds at most this many sessions and answers a create
+    /// beyond them with VIRTIO_CRYPTO_ERR, as QEMU's builtin backend does
+    /// past its 256 (which, unlike this device, it keeps across a reset).
+    pub(crate) session_limit: Option<usize>,
 }
+
+/// `VIRTIO_CRYPTO_ERR`: what QEMU's builtin backend answers a session
+/// create with when its session table is full.
+pub(crate) const STATUS_ERR: u8 = 1;
 
 /// What the emulated device saw.
 #[derive(Debug, Default, Clone)]
@@ -134,6 +142,11 @@ impl Handle {
     /// What it saw so far.
     pub(crate) fn seen(&self) -> Seen {
         self.0.lock().seen.clone()
+    }
+
+    /// The sessions it holds now.
+    pub(crate) fn sessions(&self) -> usize {
+        self.0.lock().sessions.len()
     }
 }
 
@@ -499,12 +512,21 @@ fn control(state: &mut State, ring: &DeviceRing, head: u16) -> bool {
             let Some(key) = read(&pool, key) else {
                 return false;
             };
+            let mut out = [0u8; 16];
+            if state
+                .faults
+                .session_limit
+                .is_some_and(|limit| state.sessions.len() >= limit)
+            {
+                out[8..12].copy_from_slice(&u32::from(STATUS_ERR).to_le_bytes());
+                let _ = pool.device_write(input.addr, &out);
+                return ring.push_used(u32::from(head), 16).is_ok();
+            }
             let id = state.next_session;
             state.next_session += 1;
             state
                 .sessions
                 .insert(id, (word(16), key, word(24) == protocol::OP_ENCRYPT));
-            let mut out = [0u8; 16];
             out[..8].copy_from_slice(&id.to_le_bytes());
             let _ = pool.device_write(input.addr, &out);
             16

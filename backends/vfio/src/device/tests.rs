@@ -9,7 +9,7 @@ use std::time::Duration;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
-use crate::emulated::{Emulated, Handle, Setup};
+use crate::emulated::{Emulated, Handle, STATUS_ERR, Setup};
 use crate::limits;
 use crate::protocol::CipherAlgo;
 use crate::session::{CipherSession, RequestTimeout};
@@ -618,6 +618,37 @@ async fn a_hung_control_queue_times_session_creation_out() {
             .await
             .is_ok()
     );
+}
+
+/// A device whose session table is full (QEMU's builtin backend holds 256
+/// and keeps those a reset orphaned) refuses a new session with its
+/// status: the half made (its encrypt side) is destroyed, the live
+/// session keeps working, closing it makes room, and nothing stays
+/// counted on the device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_session_table_refuses_a_session_and_keeps_nothing_of_it() {
+    let (dev, handle) = open(Setup::default());
+    // Room for one session (two device sessions) and half of another.
+    handle.faults(|f| f.session_limit = Some(3));
+    let key = [3u8; 16];
+    let first = dev.cipher_session(CipherAlgo::AesCbc, &key).await.unwrap();
+    let e = dev
+        .cipher_session(CipherAlgo::AesCbc, &key)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Status { status: STATUS_ERR }), "{e}");
+    assert_eq!(handle.sessions(), 2, "the half-made session is destroyed");
+    let iv = [9u8; 16];
+    let plain = pattern(4096, 5);
+    let mut want = plain.clone();
+    reference(CipherAlgo::AesCbc, true, &key, &iv, &mut want);
+    assert_eq!(first.encrypt(&iv, plain).await.unwrap(), want);
+    first.close().await.unwrap();
+    assert_eq!(handle.sessions(), 0);
+    let again = dev.cipher_session(CipherAlgo::AesCbc, &key).await.unwrap();
+    again.close().await.unwrap();
+    // No session is left counted: the device may power down.
+    dev.suspend().await.unwrap();
 }
 
 /// A control completion whose interrupt never comes (lost, as far as the
