@@ -145,8 +145,9 @@ impl VfioBackend {
     /// algorithms.
     ///
     /// # Cancel safety
-    /// Dropping the future closes the device (sessions probed so far are
-    /// reclaimed by its reset).
+    /// Dropping the future closes the device (a probe session it
+    /// interrupts is left to the device's reset: cleared by the virtio
+    /// spec, kept by QEMU's builtin backend, which holds 256).
     pub async fn open(address: &str) -> Result<VfioBackend, Unavailable> {
         let device = vfio::CryptoDevice::open(address)
             .await
@@ -166,22 +167,31 @@ impl VfioBackend {
     ///
     /// # Cancel safety
     /// Dropping the future drops `device` (a clone the caller kept keeps it
-    /// open, less the probe sessions, which its reset reclaims).
+    /// open; a probe session it interrupts is left to the device's reset,
+    /// as for [`VfioBackend::open`]).
     pub async fn from_device(
         address: &str,
         device: vfio::CryptoDevice,
     ) -> Result<VfioBackend, Unavailable> {
         let mut supported = Vec::new();
+        let mut refusal = None;
         for alg in CipherAlg::ALL {
             let key = SecretKey::for_tests(alg.key_len());
-            if let Ok(s) = device.cipher_session(algo_of(alg), key.expose()).await {
-                let _ = s.close().await;
-                supported.push(alg);
+            match device.cipher_session(algo_of(alg), key.expose()).await {
+                Ok(s) => {
+                    let _ = s.close().await;
+                    supported.push(alg);
+                }
+                Err(e) => refusal = Some(e),
             }
         }
         if supported.is_empty() {
+            // The device's answer, which says more than "none": QEMU's
+            // builtin backend answers VIRTIO_CRYPTO_ERR to an algorithm it
+            // lacks and to a create when its 256 sessions are taken.
+            let why = refusal.map_or_else(String::new, |e| format!(" (last: {e})"));
             return Err(Unavailable(format!(
-                "{address} accepts no AES cipher session"
+                "{address} accepts no AES cipher session{why}"
             )));
         }
         // Unpowered until a session needs it: the domain starts so.

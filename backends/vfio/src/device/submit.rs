@@ -33,7 +33,8 @@ impl CryptoDevice {
     ///
     /// # Cancel safety
     /// Not cancel safe in effect: a dropped future may leave a device
-    /// session created and never destroyed (it is reclaimed at reset).
+    /// session created and never destroyed. By the virtio spec a reset
+    /// clears it; QEMU's builtin backend keeps it (it holds 256).
     pub async fn cipher_session(
         &self,
         algo: CipherAlgo,
