@@ -305,14 +305,17 @@ pub struct Boot {
 
 /// The signal QEMU died of, when it died of one that means the emulator
 /// itself crashed (not the guest, not our timeout: a killed attempt has no
-/// status), after the guest had started. Such an attempt is repeated once:
-/// QEMU 7.2 (Debian bookworm's) crashes now and then under multi-threaded
-/// TCG while a guest remaps PCI BARs on one vCPU as the other does MMIO
-/// (upstream 0d58c660, "softmmu: Use async_run_on_cpu in tcg_commit", first
-/// in 8.1.1); a CI run lost a whole vfio run to one SIGSEGV that six local
-/// runs of the same commit did not repeat. A crash the guest's own requests
-/// cause crashes the repeat too, and fails the run.
-fn emulator_crash(status: Option<ExitStatus>, alive: bool) -> Option<i32> {
+/// status), after the guest had printed its sign of life. Such a TCG
+/// attempt is repeated once: QEMU 7.2 (Debian bookworm's) crashes now and
+/// then under multi-threaded TCG while a guest remaps PCI BARs on one vCPU
+/// as the other does MMIO (upstream 0d58c660, "softmmu: Use
+/// async_run_on_cpu in tcg_commit", first in 8.1.1); a CI run lost a whole
+/// vfio run to one SIGSEGV that seven local runs of the same commit did not
+/// repeat. A crash the guest's own requests cause every time crashes the
+/// repeat too and fails the run; one they cause now and then would pass on
+/// the repeat, which is why the crash stays in the summary and what failed
+/// before it still fails the run.
+fn emulator_crash(status: Option<ExitStatus>, started: bool) -> Option<i32> {
     use std::os::unix::process::ExitStatusExt as _;
     const CRASHES: [i32; 5] = [
         libc_signal::SIGILL,
@@ -322,7 +325,7 @@ fn emulator_crash(status: Option<ExitStatus>, alive: bool) -> Option<i32> {
         libc_signal::SIGSEGV,
     ];
     let signal = status?.signal()?;
-    (alive && CRASHES.contains(&signal)).then_some(signal)
+    (started && CRASHES.contains(&signal)).then_some(signal)
 }
 
 /// The x86-64 Linux numbers of the signals [`emulator_crash`] takes for an
@@ -344,15 +347,15 @@ pub fn boot(
     chooser: &mut AccelChooser,
 ) -> Result<Boot> {
     let log = log_dir.join(format!("{}.log", run.name()));
+    // A crash log of an earlier invocation would be read as this one's.
+    let _ = fs::remove_file(crash_log_of(&log, run));
     let mut kvm_note = None;
     if chooser.kvm_unusable.is_none() {
         let fallback = chooser.policy == AccelPolicy::Auto;
         let window = fallback.then_some(KVM_BOOT_WINDOW);
         let attempt = attempt(machine, run, Accel::Kvm, timeout, window, &log)?;
         if !fallback || attempt.alive {
-            let (attempt, crash_note) =
-                repeat_after_a_crash(attempt, machine, run, Accel::Kvm, timeout, &log)?;
-            return Ok(attempt.into_boot(Accel::Kvm, log, None, crash_note));
+            return Ok(attempt.into_boot(Accel::Kvm, log, None, None));
         }
         // The judged (TCG) run gets <run>.log; the KVM attempt's log stays aside.
         let kvm_log = log_dir.join(format!("{}-kvm.log", run.name()));
@@ -375,9 +378,16 @@ pub fn boot(
     Ok(attempt.into_boot(Accel::Tcg, log, kvm_note, crash_note))
 }
 
-/// Runs the run once more if QEMU crashed in `first` ([`emulator_crash`]),
-/// keeping the crashed attempt's log as `<run>-crash.log`; returns the
-/// attempt to judge and, if there was a crash, what happened.
+/// Where a crashed attempt's log is kept.
+fn crash_log_of(log: &Path, run: RunKind) -> PathBuf {
+    log.with_file_name(format!("{}-crash.log", run.name()))
+}
+
+/// Runs the run once more under TCG if QEMU crashed in `first`
+/// ([`emulator_crash`]), keeping the crashed attempt's log as
+/// `<run>-crash.log`; returns the attempt to judge and, if there was a
+/// crash, what happened. A test binary that failed before the crash fails
+/// the judged attempt too.
 fn repeat_after_a_crash(
     first: Attempt,
     machine: &Machine,
@@ -386,18 +396,39 @@ fn repeat_after_a_crash(
     timeout: Duration,
     log: &Path,
 ) -> Result<(Attempt, Option<String>)> {
-    let Some(signal) = emulator_crash(first.status, first.alive) else {
+    let Some(signal) = emulator_crash(first.status, first.started) else {
         return Ok((first, None));
     };
-    let crash_log = log.with_file_name(format!("{}-crash.log", run.name()));
+    let crash_log = crash_log_of(log, run);
     fs::rename(log, &crash_log).with_context(|| format!("renaming {}", log.display()))?;
+    // The binary that had begun and not ended: the one QEMU died under.
+    let during = first
+        .report
+        .binaries
+        .iter()
+        .rev()
+        .find(|b| b.rc.is_none())
+        .map_or_else(String::new, |b| format!(" during {}", b.name));
     let note = format!(
-        "QEMU crashed (signal {signal}) {:.0} s into the run (log {}); the run was repeated once",
+        "QEMU crashed (signal {signal}) {:.0} s into the run{during} (log {}); the run was repeated once",
         first.wall.as_secs_f64(),
         crash_log.display()
     );
     eprintln!("vm-test: {note}");
-    let second = attempt(machine, run, accel, timeout, None, log)?;
+    let mut second = attempt(machine, run, accel, timeout, None, log)?;
+    for failed in first
+        .report
+        .binaries
+        .iter()
+        .filter(|b| b.rc.is_some_and(|rc| rc != 0))
+    {
+        second.report.failures.push(format!(
+            "{}: exit status {} in the attempt QEMU crashed in (log {})",
+            failed.name,
+            failed.rc.unwrap_or_default(),
+            crash_log.display()
+        ));
+    }
     Ok((second, Some(note)))
 }
 
@@ -406,7 +437,10 @@ struct Attempt {
     report: RunReport,
     status: Option<ExitStatus>,
     wall: Duration,
+    /// The guest printed its sign of life, or no life window was set.
     alive: bool,
+    /// The guest printed its sign of life.
+    started: bool,
 }
 
 impl Attempt {
@@ -486,8 +520,11 @@ struct Console {
     log: BufWriter<File>,
     parser: LogParser,
     started: Instant,
-    /// True once the guest printed [`SIGN_OF_LIFE`].
+    /// True once the guest printed [`SIGN_OF_LIFE`] (from the start when
+    /// the attempt has no life window).
     alive: bool,
+    /// True once the guest printed [`SIGN_OF_LIFE`].
+    started_guest: bool,
     qmp: QmpLink,
     /// Where the QMP reader thread sends QEMU's messages.
     events: Sender<Event>,
@@ -498,7 +535,8 @@ struct Console {
 impl Console {
     fn line(&mut self, line: &str) -> Result<()> {
         let at = self.started.elapsed();
-        self.alive |= line.contains(SIGN_OF_LIFE);
+        self.started_guest |= line.contains(SIGN_OF_LIFE);
+        self.alive |= self.started_guest;
         println!("[{}] {line}", self.tag);
         writeln!(self.log, "[{:8.3}] {line}", at.as_secs_f64())?;
         self.parser.line(at, line);
@@ -660,6 +698,7 @@ fn attempt(
         parser: LogParser::new(run),
         started: Instant::now(),
         alive: life_window.is_none(),
+        started_guest: false,
         qmp: qmp_socket
             .clone()
             .map_or(QmpLink::Absent, QmpLink::Listening),
@@ -752,6 +791,7 @@ fn attempt(
         status,
         wall,
         alive: console.alive,
+        started: console.started_guest,
     })
 }
 
@@ -1069,6 +1109,39 @@ mod tests {
             "{:?}",
             boot.report.failures
         );
+    }
+
+    #[test]
+    fn a_failure_before_the_crash_fails_the_repeated_run() {
+        // The first QEMU runs a failing test, then segfaults; the repeat
+        // passes (the failure came and went, the crash hid it).
+        let (boot, _) = fake_boot(
+            "fail-then-crash",
+            &format!(
+                "if [ ! -e $DIR/crashed ]; then touch $DIR/crashed; \
+                 echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; echo 'VMTEST-END t rc=1'; \
+                 echo VMTEST-BEGIN u; kill -SEGV $$; fi; \
+                 {PASSING_GUEST}"
+            ),
+        );
+        assert!(!boot.report.passed());
+        assert!(
+            boot.report
+                .failures
+                .iter()
+                .any(|f| f.starts_with("t: exit status 1 in the attempt QEMU crashed in")),
+            "{:?}",
+            boot.report.failures
+        );
+        let note = boot.crash_note.unwrap();
+        assert!(note.contains("during u"), "{note}");
+    }
+
+    #[test]
+    fn a_qemu_that_crashes_before_the_guest_starts_is_not_run_again() {
+        let (boot, crash_log) = fake_boot("crash-at-start", "kill -SEGV $$");
+        assert!(!boot.report.passed());
+        assert!(boot.crash_note.is_none() && crash_log.is_none());
     }
 
     #[test]
