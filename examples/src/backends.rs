@@ -91,8 +91,8 @@ impl BackendArgs {
     /// # Errors
     /// [`SetupError::UnknownSim`]; [`SetupError::ReadProfile`],
     /// [`SetupError::Profile`] and [`SetupError::EmptyProfile`] for a
-    /// `--profile` that cannot be read, parsed, or holds nothing; [`SetupError::Offload`] for a `--backend` that names no
-    /// backend.
+    /// `--profile` that cannot be read, parsed, or holds nothing;
+    /// [`SetupError::Offload`] for a `--backend` that names no backend.
     ///
     /// # Cancel safety
     /// Dropping the future leaves nothing behind (the simulated engines

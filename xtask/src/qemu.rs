@@ -318,24 +318,14 @@ pub struct Boot {
 fn emulator_crash(status: Option<ExitStatus>, started: bool) -> Option<i32> {
     use std::os::unix::process::ExitStatusExt as _;
     const CRASHES: [i32; 5] = [
-        libc_signal::SIGILL,
-        libc_signal::SIGABRT,
-        libc_signal::SIGBUS,
-        libc_signal::SIGFPE,
-        libc_signal::SIGSEGV,
+        libc::SIGILL,
+        libc::SIGABRT,
+        libc::SIGBUS,
+        libc::SIGFPE,
+        libc::SIGSEGV,
     ];
     let signal = status?.signal()?;
     (started && CRASHES.contains(&signal)).then_some(signal)
-}
-
-/// The x86-64 Linux numbers of the signals [`emulator_crash`] takes for an
-/// emulator crash (xtask does not depend on libc for five constants).
-mod libc_signal {
-    pub const SIGILL: i32 = 4;
-    pub const SIGABRT: i32 = 6;
-    pub const SIGBUS: i32 = 7;
-    pub const SIGFPE: i32 = 8;
-    pub const SIGSEGV: i32 = 11;
 }
 
 /// Boots one run: KVM first if the chooser allows, else (or then) TCG.
@@ -991,17 +981,14 @@ mod tests {
         );
     }
 
-    /// Runs a fake QEMU (a shell script) under [`attempt`].
-    fn fake_qemu(
-        name: &str,
-        script: &str,
-        timeout: Duration,
-        life_window: Option<Duration>,
-    ) -> (Attempt, Duration, String) {
+    /// A folder of its own and a machine whose QEMU is `script` (a shell
+    /// script, `$DIR` standing for the folder).
+    fn fake_machine(name: &str, script: &str) -> (std::path::PathBuf, Machine) {
         use std::os::unix::fs::PermissionsExt as _;
-        let dir = std::env::temp_dir().join(format!("xtask-qemu-{name}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let qemu = dir.join("qemu");
+        let script = script.replace("$DIR", &dir.display().to_string());
         std::fs::write(&qemu, format!("#!/bin/sh\n{script}\n")).unwrap();
         std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
         let machine = Machine {
@@ -1010,6 +997,17 @@ mod tests {
             initrd: "/i".into(),
             host_hog: 0,
         };
+        (dir, machine)
+    }
+
+    /// Runs a fake QEMU (a shell script) under [`attempt`].
+    fn fake_qemu(
+        name: &str,
+        script: &str,
+        timeout: Duration,
+        life_window: Option<Duration>,
+    ) -> (Attempt, Duration, String) {
+        let (dir, machine) = fake_machine(&format!("qemu-{name}"), script);
         let started = Instant::now();
         let result = attempt(
             &machine,
@@ -1048,19 +1046,7 @@ mod tests {
     /// Boots the plain run under TCG on a fake QEMU; returns the boot and
     /// the crashed attempt's log, if one was kept.
     fn fake_boot(name: &str, script: &str) -> (Boot, Option<String>) {
-        use std::os::unix::fs::PermissionsExt as _;
-        let dir = std::env::temp_dir().join(format!("xtask-boot-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let qemu = dir.join("qemu");
-        let script = script.replace("$DIR", &dir.display().to_string());
-        std::fs::write(&qemu, format!("#!/bin/sh\n{script}\n")).unwrap();
-        std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let machine = Machine {
-            qemu,
-            kernel: "/k".into(),
-            initrd: "/i".into(),
-            host_hog: 0,
-        };
+        let (dir, machine) = fake_machine(&format!("boot-{name}"), script);
         let mut chooser = AccelChooser::new(AccelPolicy::Tcg);
         let boot = boot(
             &machine,
