@@ -115,6 +115,27 @@ impl Cost {
         self
     }
 
+    /// The length under which every request of this cost is predicted
+    /// under `ns` ([`Cost::latency_ns`]): solved for a request of one
+    /// operation (the CPU's own costs) and checked, so a cost of several
+    /// operations a request, or nonsense, gives `None` unless the solution
+    /// holds. `u64::MAX` when no length reaches `ns`.
+    pub(crate) fn len_under(&self, ns: f64) -> Option<u64> {
+        let room = ns - self.fixed_ns;
+        // (A NaN fails this too.)
+        if room.partial_cmp(&0.0) != Some(core::cmp::Ordering::Greater) {
+            return None;
+        }
+        let len = if self.per_byte_ns > 0.0 {
+            // Saturating.
+            (room / self.per_byte_ns) as u64
+        } else {
+            u64::MAX
+        };
+        let last = usize::try_from(len.saturating_sub(1)).unwrap_or(usize::MAX);
+        (self.latency_ns(last) < ns).then_some(len)
+    }
+
     /// The service latency of a `len`-byte request, in ns.
     pub fn latency_ns(&self, len: usize) -> f64 {
         self.latency_ns_ops(len, 1)

@@ -14,7 +14,7 @@ use crate::alg::Algorithm;
 use crate::backend::{BackendKind, Limits, SharedBackend};
 use crate::breaker::Breaker;
 use crate::cost::{Cost, Direction, KEYS, Model, alg_index, key};
-use crate::cpu::{BLOCKING_MIN_LEN, CpuBackend};
+use crate::cpu::CpuBackend;
 use crate::error::BackendError;
 use crate::policy::Policy;
 
@@ -154,6 +154,9 @@ pub(crate) struct Slots {
     /// under the Latency policy without weighing the engines (kept by
     /// [`Slots::refresh_cpu_bound`]).
     cpu_bound: Box<[AtomicU64]>,
+    /// Per (algorithm, direction): CPU requests shorter than this spend one
+    /// unit of tokio's budget (kept with `cpu_bound`).
+    one_unit_below: Box<[AtomicU64]>,
 }
 
 impl core::ops::Index<SlotId> for Slots {
@@ -204,6 +207,12 @@ impl Slots {
             cores: cores.max(1),
             probe_interval,
             cpu_bound: (0..KEYS).map(|_| AtomicU64::new(0)).collect(),
+            one_unit_below: (0..KEYS)
+                .map(|k| {
+                    let (alg, dir) = crate::cost::unkey(k);
+                    AtomicU64::new(crate::session::one_unit_below(None, alg, dir))
+                })
+                .collect(),
         })
     }
 
@@ -239,6 +248,14 @@ impl Slots {
     #[inline]
     pub(crate) fn cpu_bound(&self, alg: Algorithm, dir: Direction) -> u64 {
         self.cpu_bound[key(alg, dir)].load(Ordering::Relaxed)
+    }
+
+    /// CPU requests of (`alg`, `dir`) shorter than this spend one unit of
+    /// tokio's budget without their time being predicted
+    /// (`session::spend_budget`).
+    #[inline]
+    pub(crate) fn one_unit_below(&self, alg: Algorithm, dir: Direction) -> u64 {
+        self.one_unit_below[key(alg, dir)].load(Ordering::Relaxed)
     }
 
     /// Sets a cost from calibration or a profile.
@@ -309,10 +326,14 @@ impl Slots {
     /// its model never sees the swing end. Breakers are not consulted
     /// — an engine behind one only makes the CPU's win surer — so the bound
     /// needs no update when they open or close; it follows every change of
-    /// a cost or a correction instead.
+    /// a cost or a correction instead. The length under which a CPU request
+    /// spends one unit of budget ([`Slots::one_unit_below`]) follows the
+    /// CPU's cost here too.
     fn refresh_cpu_bound(&self, k: usize) {
         let (alg, dir) = crate::cost::unkey(k);
         let cpu = self.cpu_slot().model.entry(alg, dir);
+        let one_unit = crate::session::one_unit_below(cpu.cost(), alg, dir);
+        self.one_unit_below[k].store(one_unit, Ordering::Relaxed);
         let bound = match cpu.cost() {
             None => 0,
             Some(c) => {
@@ -333,9 +354,9 @@ impl Slots {
                     // Saturating: an infinite room (no engine) is u64::MAX.
                     (room / c.per_byte_ns) as u64
                 };
-                // Only inline requests: one that may go to the blocking pool
-                // is weighed with its hand-off.
-                bound.min(BLOCKING_MIN_LEN as u64)
+                // Only requests that run inline: one that may go to the
+                // blocking pool is weighed with its hand-off.
+                bound.min(crate::cpu::inline_below(&c))
             }
         };
         self.cpu_bound[k].store(bound, Ordering::Relaxed);

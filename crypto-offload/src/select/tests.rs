@@ -165,6 +165,116 @@ fn latency_takes_the_cpu_for_small_requests_and_the_engine_for_large_ones() {
     assert_eq!(p.cpu, 2_000.0);
 }
 
+/// A CPU at 100 ns + 0.01 ns/B (100 GB/s) against an engine whose fixed
+/// latency alone is 1 ms: the CPU wins every request it runs inline, and
+/// runs inline up to ~50 MB ([`crate::cpu::CPU_BLOCKING_NS`]).
+fn fast_cpu_slow_engine() -> Slots {
+    let s = slots(Policy::Latency, None, vec![engine("e")]);
+    s.set_cost(
+        SlotId::CPU,
+        CBC,
+        ENC,
+        Cost::new(100.0, 0.01, 100.0, 0.01, 2),
+    );
+    let e = id(&s, "e");
+    s.set_cost(e, CBC, ENC, Cost::new(1_000_000.0, 0.001, 2_000.0, 0.0, 1));
+    s
+}
+
+#[test]
+fn the_cpu_wins_at_once_past_the_blocking_length_while_it_runs_inline() {
+    let s = fast_cpu_slow_engine();
+    let inline = crate::cpu::inline_below(&Cost::new(100.0, 0.01, 100.0, 0.01, 2));
+    // (500 µs - 100 ns) / 0.01 ns/B.
+    assert_eq!(inline, 49_990_000);
+    assert_eq!(s.cpu_bound(CBC, ENC), inline);
+    // 64 KiB and 1 MiB: no prediction, as for a small request (before,
+    // every request from 64 KiB was weighed).
+    for len in [64 << 10, 1 << 20, inline as usize - 1] {
+        assert_eq!(decide(&s, &req(CBC, len), || Some(0)), (SlotId::CPU, None));
+    }
+    // From where the CPU would take it to the blocking pool, it is weighed
+    // with its hand-off (and still wins here).
+    let (slot, p) = decide(&s, &req(CBC, inline as usize), || Some(0));
+    assert!(slot.is_cpu() && p.is_some());
+    let (slot, p) = decide(&s, &req(CBC, 64 << 20), || Some(0));
+    assert!(slot.is_cpu() && p.is_some());
+}
+
+#[test]
+fn the_inline_length_follows_the_cpu_cost_and_never_falls_below_64_kib() {
+    let floor = crate::cpu::BLOCKING_MIN_LEN as u64;
+    let blocks = |c: &Cost, len: u64| crate::cpu::blocks(len as usize, c.latency_ns(len as usize));
+    for c in [
+        Cost::new(100.0, 0.01, 100.0, 0.01, 2),
+        Cost::new(3_000.0, 0.3, 3_000.0, 0.3, 2),
+        Cost::new(0.0, 1e-9, 0.0, 1e-9, 1),
+    ] {
+        let b = crate::cpu::inline_below(&c);
+        assert!(b > floor, "{c:?}");
+        // Inline below it; to the pool a byte past it (solved for the
+        // whole bytes under the limit).
+        assert!(!blocks(&c, b - 1) && blocks(&c, b + 1), "{c:?}: {b}");
+    }
+    // Slower than 500 µs at 64 KiB, no time a byte, a fixed cost past the
+    // limit, and nonsense: the floor, or no limit.
+    assert_eq!(
+        crate::cpu::inline_below(&Cost::new(100.0, 10.0, 0.0, 10.0, 1)),
+        floor
+    );
+    assert_eq!(
+        crate::cpu::inline_below(&Cost::new(100.0, 0.0, 0.0, 0.0, 1)),
+        u64::MAX
+    );
+    assert_eq!(
+        crate::cpu::inline_below(&Cost::new(1e6, 0.01, 0.0, 0.0, 1)),
+        floor
+    );
+    assert_eq!(
+        crate::cpu::inline_below(&Cost::new(f64::NAN, 0.01, 0.0, 0.0, 1)),
+        floor
+    );
+    assert_eq!(
+        crate::cpu::inline_below(&Cost::new(100.0, f64::NAN, 0.0, 0.0, 1)),
+        floor
+    );
+    // A cost of many operations a request (an op every 4 KiB at 40 µs
+    // each): the one-operation solution does not hold, so the floor.
+    let ops = Cost::new(100.0, 0.01, 100.0, 0.01, 1)
+        .with_operation_len(Some(4096))
+        .with_op_fixed_ns(Some(40_000.0));
+    assert_eq!(crate::cpu::inline_below(&ops), floor);
+}
+
+#[test]
+fn a_cpu_request_under_two_units_of_budget_spends_one_unread() {
+    let floor = crate::session::ONE_UNIT_LEN;
+    let s = slots(Policy::Latency, None, vec![]);
+    // No cost yet: the default rate's (CRC: 40 B/ns, two units at
+    // 64,000 B; CBC encryption: 0.8 B/ns, 1,280 B, so 4 KiB).
+    assert_eq!(s.one_unit_below(CRC, ENC), 64_000);
+    assert_eq!(s.one_unit_below(CBC, ENC), floor);
+    // 100 ns + 0.01 ns/B: two units' time (1.6 µs) at 150,000 bytes.
+    let fast = Cost::new(100.0, 0.01, 100.0, 0.01, 2);
+    s.set_cost(SlotId::CPU, CRC, ENC, fast);
+    let b = s.one_unit_below(CRC, ENC);
+    assert_eq!(b, 150_000);
+    // What spend_units would have counted: one below, two past it.
+    for len in [floor, 64 << 10, b - 1] {
+        assert_eq!(
+            crate::session::units(fast.latency_ns(len as usize)),
+            1,
+            "{len}"
+        );
+    }
+    assert_eq!(crate::session::units(fast.latency_ns(b as usize + 1)), 2);
+    // A slow CPU (1 ns/B: 4 KiB is five units) keeps 4 KiB.
+    s.set_cost(SlotId::CPU, CRC, ENC, cpu_cost());
+    assert_eq!(s.one_unit_below(CRC, ENC), floor);
+    // Another entry is untouched.
+    assert_eq!(s.one_unit_below(CBC, ENC), floor);
+}
+
 #[test]
 fn an_uncalibrated_engine_is_never_chosen() {
     let s = slots(Policy::Latency, None, vec![engine("e")]);
