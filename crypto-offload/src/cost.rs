@@ -379,6 +379,21 @@ pub(crate) fn size_class(len: usize) -> usize {
     (log2 / 2).saturating_sub(3).min(SIZE_CLASSES - 1)
 }
 
+/// The request lengths of size class `class` ([`size_class`]): from the
+/// first to the last, inclusive.
+pub(crate) fn class_lens(class: usize) -> (u64, u64) {
+    let first = match class {
+        0 => 0,
+        c => 1u64 << (2 * c.min(SIZE_CLASSES - 1) + 6),
+    };
+    let last = if class + 1 >= SIZE_CLASSES {
+        u64::MAX
+    } else {
+        (1u64 << (2 * class + 8)) - 1
+    };
+    (first, last)
+}
+
 /// How fast the correction follows observations (weight of a new sample).
 pub const EWMA_WEIGHT: f64 = 0.1;
 
@@ -443,6 +458,14 @@ impl Entry {
     }
 
     /// The correction over all sizes.
+    /// The fixed latency of the cost, once there is one (two loads, where
+    /// [`Entry::cost`] makes nine).
+    pub(crate) fn fixed_ns(&self) -> Option<f64> {
+        self.calibrated
+            .load(Ordering::Acquire)
+            .then(|| self.fixed.get())
+    }
+
     pub(crate) fn correction(&self) -> f64 {
         let c = self.correction.get();
         if c > 0.0 { c } else { 1.0 }

@@ -112,7 +112,7 @@ impl fmt::Display for Explanation {
 
 /// How close (predicted latency, as a ratio) a runner-up must be to the
 /// choice to be sent a request now and then ([`runner_up`]).
-const EXPLORE_WITHIN: f64 = 1.25;
+pub(crate) const EXPLORE_WITHIN: f64 = 1.25;
 
 /// One decision in this many (per thread) goes to a near runner-up.
 const EXPLORE_EVERY: u32 = 32;
@@ -327,7 +327,29 @@ pub(crate) fn decide(
     req: &Request,
     explore: impl FnOnce() -> Option<u32>,
 ) -> Decision {
-    let (slot, predicted) = choose(slots, req);
+    settle(slots, req, choose(slots, req), explore)
+}
+
+/// [`decide`] without [`cpu_at_once`]'s answer: for a request under the
+/// CPU bound that the CPU would still send to the blocking pool (a bound
+/// refreshed from a CPU cost since replaced), which is weighed with its
+/// hand-off as any request that leaves the task.
+#[inline(never)]
+pub(crate) fn decide_weighed(
+    slots: &Slots,
+    req: &Request,
+    explore: impl FnOnce() -> Option<u32>,
+) -> Decision {
+    settle(slots, req, choose_among(slots, req), explore)
+}
+
+#[inline(always)]
+fn settle(
+    slots: &Slots,
+    req: &Request,
+    (slot, predicted): Decision,
+    explore: impl FnOnce() -> Option<u32>,
+) -> Decision {
     match predicted {
         Some(p) if slots.pinned.is_none() && slots.policy == Policy::Latency => {
             rent_or_explore(slots, p, req, explore())
@@ -359,14 +381,15 @@ fn rent_or_explore(slots: &Slots, p: Prediction, req: &Request, turn: Option<u32
 
 /// One CPU request in this many of those the model weighed against an
 /// engine is timed into the CPU's model (the inline path times one in 64
-/// of all). The CPU's correction learns only from timed requests, and a
+/// under 64 KiB and, from there, one in this many:
+/// `session::TIME_LARGE_EVERY`). The CPU's correction learns only from timed requests, and a
 /// CPU slowed by a hog must be seen within a few dozen requests to give
 /// way to an engine: at one in 64 the three slow samples that move it
 /// ([`SHIFT_UP_RUN`](crate::cost::SHIFT_UP_RUN)) took ~190 requests. A
 /// weighed request is one an engine could win, so it takes at least an
 /// engine's fixed latency (µs): two clock reads (~50 ns) on one in 8 are
 /// well under 1% of it.
-const TIME_CPU_EVERY: u32 = 8;
+pub(crate) const TIME_CPU_EVERY: u32 = 8;
 
 /// A warm backend other than `chosen` predicted within [`EXPLORE_WITHIN`]
 /// of it, or that would be were it no slower than calibrated (a probe:

@@ -261,6 +261,10 @@ impl Slots {
     /// Sets a cost from calibration or a profile.
     pub(crate) fn set_cost(&self, id: SlotId, alg: Algorithm, dir: Direction, cost: Cost) {
         self[id].model.entry(alg, dir).set(cost);
+        if id.is_cpu() {
+            let one_unit = crate::session::one_unit_below(Some(cost), alg, dir);
+            self.one_unit_below[key(alg, dir)].store(one_unit, Ordering::Relaxed);
+        }
         self.refresh_cpu_bound(key(alg, dir));
     }
 
@@ -317,49 +321,81 @@ impl Slots {
     }
 
     /// Recomputes, for table entry `k`, the request length under which the
-    /// CPU wins under the Latency policy without weighing the engines: its
-    /// corrected latency is below every engine's fixed latency (which
-    /// queueing and resumes only add to), corrected where the engine is
-    /// faster than calibrated but not where it is slower — an engine slowed
-    /// by a load swing must still be weighed where it would win without it,
-    /// or the selector's probes (`select::runner_up`) never reach it and
-    /// its model never sees the swing end. Breakers are not consulted
-    /// — an engine behind one only makes the CPU's win surer — so the bound
-    /// needs no update when they open or close; it follows every change of
-    /// a cost or a correction instead. The length under which a CPU request
-    /// spends one unit of budget ([`Slots::one_unit_below`]) follows the
-    /// CPU's cost here too.
+    /// CPU wins under the Latency policy without weighing the engines, and
+    /// runs inline ([`crate::cpu::inline_below`]: a request that may go to
+    /// the blocking pool is weighed with its hand-off). The CPU wins where
+    /// its corrected latency, [`EXPLORE_WITHIN`] over, is below every
+    /// engine's fixed latency (which queueing and resumes only add to):
+    /// there no engine is near enough to be explored either
+    /// (`select::runner_up`), so answering at once skips nothing the
+    /// weighing would have done. Walked size class by size class
+    /// ([`size_class`](crate::cost::size_class)), each with the
+    /// corrections `select::predict` applies there: a CPU slower than
+    /// its model for large requests only (its model is fitted on 64 B and
+    /// 64 KiB) stops the bound at that class. Engines are corrected where
+    /// they are faster than calibrated but not where slower — an engine
+    /// slowed by a load swing must still be weighed where it would win
+    /// without it, or the selector's probes (`select::runner_up`) never
+    /// reach it and its model never sees the swing end. Breakers are not
+    /// consulted — an engine behind one only makes the CPU's win surer —
+    /// so the bound needs no update when they open or close; it follows
+    /// every change of a cost or a correction instead.
+    ///
+    /// [`EXPLORE_WITHIN`]: crate::select::EXPLORE_WITHIN
     fn refresh_cpu_bound(&self, k: usize) {
         let (alg, dir) = crate::cost::unkey(k);
         let cpu = self.cpu_slot().model.entry(alg, dir);
-        let one_unit = crate::session::one_unit_below(cpu.cost(), alg, dir);
-        self.one_unit_below[k].store(one_unit, Ordering::Relaxed);
         let bound = match cpu.cost() {
             None => 0,
-            Some(c) => {
-                let engines = self.slots[1..]
-                    .iter()
-                    .filter(|s| s.runs(alg))
-                    .filter_map(|s| {
-                        let e = &s.model.entries[k];
-                        e.cost().map(|ec| ec.fixed_ns * e.correction().min(1.0))
-                    })
-                    .fold(f64::INFINITY, f64::min);
-                let room = engines / cpu.correction() - c.fixed_ns;
-                let bound = if room <= 0.0 {
-                    0
-                } else if c.per_byte_ns <= 0.0 {
-                    u64::MAX
-                } else {
-                    // Saturating: an infinite room (no engine) is u64::MAX.
-                    (room / c.per_byte_ns) as u64
-                };
-                // Only requests that run inline: one that may go to the
-                // blocking pool is weighed with its hand-off.
-                bound.min(crate::cpu::inline_below(&c))
-            }
+            Some(c) => self
+                .cpu_wins_below(k, alg, cpu, &c)
+                .min(crate::cpu::inline_below(&c)),
         };
         self.cpu_bound[k].store(bound, Ordering::Relaxed);
+    }
+
+    /// [`Slots::refresh_cpu_bound`]'s length under which the CPU, at cost
+    /// `c` with `cpu`'s corrections, beats every engine's fixed latency
+    /// by [`EXPLORE_WITHIN`](crate::select::EXPLORE_WITHIN).
+    fn cpu_wins_below(
+        &self,
+        k: usize,
+        alg: Algorithm,
+        cpu: &crate::cost::Entry,
+        c: &crate::cost::Cost,
+    ) -> u64 {
+        use crate::cost::{SIZE_CLASSES, class_lens};
+        let at = |class| usize::try_from(class_lens(class).0).unwrap_or(usize::MAX);
+        // The least engine latency a request of each size class can have.
+        let mut engines = [f64::INFINITY; SIZE_CLASSES];
+        for s in self.slots[1..].iter().filter(|s| s.runs(alg)) {
+            let e = &s.model.entries[k];
+            let Some(fixed) = e.fixed_ns() else {
+                continue;
+            };
+            for (class, least) in engines.iter_mut().enumerate() {
+                *least = least.min(fixed * e.correction_at(at(class)).min(1.0));
+            }
+        }
+        for (class, engines) in engines.into_iter().enumerate() {
+            let (first, last) = class_lens(class);
+            let margin = cpu.correction_at(at(class)) * crate::select::EXPLORE_WITHIN;
+            let room = engines / margin - c.fixed_ns;
+            let below = if room.partial_cmp(&0.0) != Some(core::cmp::Ordering::Greater) {
+                0
+            } else if c.per_byte_ns <= 0.0 {
+                u64::MAX
+            } else {
+                // Saturating: an infinite room (no engine) is u64::MAX.
+                (room / c.per_byte_ns) as u64
+            };
+            // This class is not wholly the CPU's: the bound is in it (or
+            // at its start).
+            if below <= last {
+                return below.max(first);
+            }
+        }
+        u64::MAX
     }
 
     /// Records that `id` failed a request (or a probe): counts it, and

@@ -199,6 +199,17 @@ fn the_cpu_wins_at_once_past_the_blocking_length_while_it_runs_inline() {
     assert!(slot.is_cpu() && p.is_some());
     let (slot, p) = decide(&s, &req(CBC, 64 << 20), || Some(0));
     assert!(slot.is_cpu() && p.is_some());
+    // In a runtime, `cpu::plan` keeps a request under the bound inline and
+    // sends the first one past it to the blocking pool.
+    let cost = s.cpu_slot().model.entry(CBC, ENC).cost();
+    let plan = |len: u64| crate::cpu::plan(|| cost, 2, CBC, ENC, len as usize);
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(async {
+            assert_eq!(plan(inline - 1), None);
+            assert_eq!(plan(inline + 1), Some(2));
+        });
 }
 
 #[test]
@@ -646,7 +657,13 @@ impl Traffic {
         let observed = calibrated * slow * self.noise() * outlier;
         if slot.is_cpu() {
             self.inline += 1;
-            let timed = p.is_some_and(|p| p.explored) || self.inline.is_multiple_of(64);
+            // As `session::inline_cpu` samples.
+            let every = if len < crate::cpu::BLOCKING_MIN_LEN {
+                crate::session::TIME_INLINE_EVERY
+            } else {
+                crate::session::TIME_LARGE_EVERY
+            };
+            let timed = p.is_some_and(|p| p.explored) || self.inline.is_multiple_of(every);
             if timed {
                 let base = p.map_or(calibrated, |p| p.base);
                 self.slots.observe(slot, CBC, ENC, len, base, observed);
@@ -686,6 +703,73 @@ impl Traffic {
         }
         switches
     }
+}
+
+#[test]
+fn a_cpu_slower_than_its_model_for_large_requests_only_stops_the_bound_there() {
+    // The CPU at 100 ns + 0.01 ns/B, an engine at 20 µs + 0.001 ns/B: the
+    // CPU wins at once to 1.59 MB (20 µs / 1.25 - 100 ns, at 0.01 ns/B).
+    let s = slots(Policy::Latency, None, vec![engine("e")]);
+    let cpu = Cost::new(100.0, 0.01, 100.0, 0.01, 2);
+    s.set_cost(SlotId::CPU, CBC, ENC, cpu);
+    s.set_cost(
+        id(&s, "e"),
+        CBC,
+        ENC,
+        Cost::new(20_000.0, 0.001, 2_000.0, 0.0, 1),
+    );
+    assert_eq!(s.cpu_bound(CBC, ENC), 1_590_000);
+    // Its 1 MiB requests take 2.5× the model (a cold cache the 64 KiB fit
+    // did not see), its 1 KiB ones as modelled, mixed: the correction over
+    // all sizes stays near 1, the 1 MiB class's moves.
+    let mib = 1 << 20;
+    let base = cpu.latency_ns(mib);
+    for _ in 0..4 {
+        s.observe(SlotId::CPU, CBC, ENC, mib, base, base * 2.5);
+        for _ in 0..20 {
+            let kib = cpu.latency_ns(1024);
+            s.observe(SlotId::CPU, CBC, ENC, 1024, kib, kib);
+        }
+    }
+    let entry = s.cpu_slot().model.entry(CBC, ENC);
+    assert!(entry.correction() < 1.3, "{}", entry.correction());
+    assert!(
+        entry.correction_at(mib) > 2.0,
+        "{}",
+        entry.correction_at(mib)
+    );
+    // 26.5 µs on the CPU against 21 on the engine: weighed, the engine.
+    assert!(s.cpu_bound(CBC, ENC) <= mib as u64);
+    assert_eq!(name(&s, choose(&s, &req(CBC, mib))), "e");
+}
+
+#[test]
+fn a_hog_on_the_cpu_hands_large_requests_under_the_bound_to_the_engine_soon() {
+    // 128 KiB: the CPU (131 µs) beats the engine (201 µs) and wins at
+    // once (bound 159,900 B). Slowed 3×, it loses; timed one request in 8
+    // there, three slow samples take ~24 requests (one in 64: ~190).
+    let mut t = Traffic::new(
+        Cost::new(200_000.0, 0.01, 2_000.0, 0.0, 1),
+        128 << 10,
+        0.1,
+        7,
+    );
+    assert_eq!(t.slots.cpu_bound(CBC, ENC), 159_900);
+    assert_eq!(t.choice(), "cpu");
+    let n = t.until("e", 3.0, 1.0, 40);
+    assert!(n.is_some(), "{}", explain(&t.slots, CBC, ENC, 128 << 10));
+}
+
+#[test]
+fn an_engine_within_reach_of_the_cpu_is_explored_and_can_win() {
+    // 10,000 B: the CPU at 10.1 µs, an engine modelled at 12 µs (within
+    // EXPLORE_WITHIN) but really 0.6× that. Under a bound that stopped
+    // only at the engine's fixed cost (11,900 B) it was never sent one.
+    let mut t = Traffic::new(Cost::new(12_000.0, 0.0, 2_000.0, 0.0, 1), 10_000, 0.0, 3);
+    assert_eq!(t.slots.cpu_bound(CBC, ENC), 9_500);
+    assert_eq!(t.choice(), "cpu");
+    let n = t.until("e", 1.0, 0.6, 4 * EXPLORE_EVERY);
+    assert!(n.is_some(), "{}", explain(&t.slots, CBC, ENC, 10_000));
 }
 
 /// An engine that beats the CPU by 1.74× at 64 KiB (37.8 µs against 65.6

@@ -317,7 +317,7 @@ impl<'a> Watch<'a> {
         // Only the Throughput policy weighs the CPU's load.
         let in_flight = (slots.policy == crate::policy::Policy::Throughput)
             .then(|| InFlight::new(&cpu.model.in_flight));
-        let timed = if sample_now() || predicted.is_some_and(|p| p.explored) {
+        let timed = if sample_now(len) || predicted.is_some_and(|p| p.explored) {
             // Inline, the request does not queue: it is compared with the
             // bare service time (the selector's fast path makes no
             // prediction).
@@ -349,17 +349,37 @@ impl<'a> Watch<'a> {
     }
 }
 
-/// One call in 64 on each thread: two clock reads cost ~50 ns here, so
-/// timing every request would double the cost of a small one; one in 64 is
-/// under 1 ns a request and still thousands of samples a second on a busy
-/// session.
+/// Whether this inline CPU request is timed into the CPU's model: one in
+/// [`TIME_INLINE_EVERY`] on each thread, and from
+/// [`BLOCKING_MIN_LEN`](crate::cpu::BLOCKING_MIN_LEN) one in
+/// [`TIME_LARGE_EVERY`].
 #[inline]
-fn sample_now() -> bool {
+fn sample_now(len: usize) -> bool {
     thread_local! {
         static TICK: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+        static LARGE: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
     }
-    crate::select::nth_call(&TICK, 64).is_some()
+    if len < crate::cpu::BLOCKING_MIN_LEN {
+        crate::select::nth_call(&TICK, TIME_INLINE_EVERY).is_some()
+    } else {
+        crate::select::nth_call(&LARGE, TIME_LARGE_EVERY).is_some()
+    }
 }
+
+/// One small inline request in this many is timed: two clock reads cost
+/// ~50 ns here, so timing every request would double the cost of a small
+/// one; one in 64 is under 1 ns a request and still thousands of samples a
+/// second on a busy session.
+pub(crate) const TIME_INLINE_EVERY: u32 = 64;
+
+/// One inline request in this many from 64 KiB is timed, as the weighed
+/// requests are (`select::TIME_CPU_EVERY`): the CPU bound reaches past
+/// 64 KiB where the CPU wins at once, and a CPU slowed by a hog must show
+/// in its model within a few dozen such requests for the bound to shrink
+/// and an engine to take them (three slow samples move it,
+/// [`SHIFT_UP_RUN`](crate::cost::SHIFT_UP_RUN)); the clock reads are under
+/// 1% of a request that long.
+pub(crate) const TIME_LARGE_EVERY: u32 = crate::select::TIME_CPU_EVERY;
 
 /// Requests shorter than this spend one unit of tokio's budget whatever
 /// their predicted time ([`spend_budget`]).
@@ -414,7 +434,7 @@ pub(crate) fn spend_budget(
     dir: Direction,
     len: usize,
 ) -> bool {
-    if (len as u64) < slots.one_unit_below(alg, dir) {
+    if len < ONE_UNIT_LEN as usize || (len as u64) < slots.one_unit_below(alg, dir) {
         return match tokio::task::coop::poll_proceed(cx) {
             core::task::Poll::Ready(coop) => {
                 coop.made_progress();

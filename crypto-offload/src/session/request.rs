@@ -230,13 +230,18 @@ impl<'a, O: Operation<'a, B> + Unpin, B: Buffer> Future for Request<'a, O, B> {
             len,
             unit: O::unit(&params, len),
         };
-        if crate::select::cpu_at_once(slots, &asked) && cpu_plan(slots, alg, dir, len).is_none() {
+        let at_once = crate::select::cpu_at_once(slots, &asked);
+        if at_once && cpu_plan(slots, alg, dir, len).is_none() {
             let op = &mut this.op;
             return Poll::Ready(inline_cpu(slots, alg, dir, len, None, || {
                 op.run_cpu(&params, buf)
             }));
         }
-        let (slot, predicted) = crate::select::decide(slots, &asked, crate::select::explore_turn);
+        let (slot, predicted) = if at_once {
+            crate::select::decide_weighed(slots, &asked, crate::select::explore_turn)
+        } else {
+            crate::select::decide(slots, &asked, crate::select::explore_turn)
+        };
         let plan = if slot.is_cpu() {
             cpu_plan(slots, alg, dir, len)
         } else {
