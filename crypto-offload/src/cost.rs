@@ -457,7 +457,6 @@ impl Entry {
         self.servers.set(s + EWMA_WEIGHT * (seen - s));
     }
 
-    /// The correction over all sizes.
     /// The fixed latency of the cost, once there is one (two loads, where
     /// [`Entry::cost`] makes nine).
     pub(crate) fn fixed_ns(&self) -> Option<f64> {
@@ -466,6 +465,7 @@ impl Entry {
             .then(|| self.fixed.get())
     }
 
+    /// The correction over all sizes.
     pub(crate) fn correction(&self) -> f64 {
         let c = self.correction.get();
         if c > 0.0 { c } else { 1.0 }

@@ -499,6 +499,33 @@ pub(crate) fn inline_below(cost: &Cost) -> u64 {
         .map_or(floor, |len| len.max(floor))
 }
 
+/// Requests shorter than this spend one unit of tokio's budget whatever
+/// their predicted time (`session::spend_budget`).
+pub(crate) const ONE_UNIT_LEN: u64 = 4096;
+
+/// The predicted inline CPU time one unit of budget stands for.
+const UNIT_NS: f64 = 800.0;
+
+/// Units of budget for a request predicted at `ns` inline: one per
+/// [`UNIT_NS`], at least one and at most 64.
+pub(crate) fn units(ns: f64) -> u32 {
+    ((ns / UNIT_NS) as u32).clamp(1, 64)
+}
+
+/// The length under which a CPU request of (`alg`, `dir`) spends one unit
+/// of budget ([`spend_units`] counts one below two units' time), from the
+/// CPU's measured `cost` or, without one, the default rate
+/// [`inline_ns`] predicts from: at least [`ONE_UNIT_LEN`].
+pub(crate) fn one_unit_below(cost: Option<Cost>, alg: Algorithm, dir: Direction) -> u64 {
+    let two_units = 2.0 * UNIT_NS;
+    let len = match cost {
+        Some(c) => c.len_under(two_units),
+        // len / rate < two_units; saturating.
+        None => Some((two_units * default_rate(alg, dir)) as u64),
+    };
+    len.map_or(ONE_UNIT_LEN, |len| len.max(ONE_UNIT_LEN))
+}
+
 /// How a CPU request of `len` bytes runs: `None` inline, or `Some(parts)`
 /// on the blocking pool in that many pieces (only inside a tokio runtime),
 /// given the CPU's measured `cost` (if any) and the cores it may use.

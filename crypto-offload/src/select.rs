@@ -110,9 +110,7 @@ impl fmt::Display for Explanation {
     }
 }
 
-/// How close (predicted latency, as a ratio) a runner-up must be to the
-/// choice to be sent a request now and then ([`runner_up`]).
-pub(crate) const EXPLORE_WITHIN: f64 = 1.25;
+use crate::slot::EXPLORE_WITHIN;
 
 /// One decision in this many (per thread) goes to a near runner-up.
 const EXPLORE_EVERY: u32 = 32;
@@ -386,9 +384,10 @@ fn rent_or_explore(slots: &Slots, p: Prediction, req: &Request, turn: Option<u32
 /// CPU slowed by a hog must be seen within a few dozen requests to give
 /// way to an engine: at one in 64 the three slow samples that move it
 /// ([`SHIFT_UP_RUN`](crate::cost::SHIFT_UP_RUN)) took ~190 requests. A
-/// weighed request is one an engine could win, so it takes at least an
-/// engine's fixed latency (µs): two clock reads (~50 ns) on one in 8 are
-/// well under 1% of it.
+/// weighed request is one an engine could win or be explored on, so it
+/// takes at least 1/[`EXPLORE_WITHIN`] of an engine's fixed latency (µs):
+/// two clock reads (~50 ns) and the model's update on one in 8 are a few
+/// per cent of it at most.
 pub(crate) const TIME_CPU_EVERY: u32 = 8;
 
 /// A warm backend other than `chosen` predicted within [`EXPLORE_WITHIN`]

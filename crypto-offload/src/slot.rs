@@ -140,6 +140,13 @@ impl Slot {
     }
 }
 
+/// How close (predicted latency, as a ratio) a runner-up must be to the
+/// choice to be sent a request now and then (`select::runner_up`); the CPU
+/// bound ([`Slots::refresh_cpu_bound`]) stays this far short of the
+/// engines, so that no request it answers at once is one an engine could
+/// be explored on.
+pub(crate) const EXPLORE_WITHIN: f64 = 1.25;
+
 /// Every slot, CPU first, and the settings the selector applies to them.
 pub(crate) struct Slots {
     pub(crate) cpu: CpuBackend,
@@ -210,7 +217,7 @@ impl Slots {
             one_unit_below: (0..KEYS)
                 .map(|k| {
                     let (alg, dir) = crate::cost::unkey(k);
-                    AtomicU64::new(crate::session::one_unit_below(None, alg, dir))
+                    AtomicU64::new(crate::cpu::one_unit_below(None, alg, dir))
                 })
                 .collect(),
         })
@@ -252,7 +259,7 @@ impl Slots {
 
     /// CPU requests of (`alg`, `dir`) shorter than this spend one unit of
     /// tokio's budget without their time being predicted
-    /// (`session::spend_budget`).
+    /// (`session::spend_budget`, [`crate::cpu::one_unit_below`]).
     #[inline]
     pub(crate) fn one_unit_below(&self, alg: Algorithm, dir: Direction) -> u64 {
         self.one_unit_below[key(alg, dir)].load(Ordering::Relaxed)
@@ -262,7 +269,7 @@ impl Slots {
     pub(crate) fn set_cost(&self, id: SlotId, alg: Algorithm, dir: Direction, cost: Cost) {
         self[id].model.entry(alg, dir).set(cost);
         if id.is_cpu() {
-            let one_unit = crate::session::one_unit_below(Some(cost), alg, dir);
+            let one_unit = crate::cpu::one_unit_below(Some(cost), alg, dir);
             self.one_unit_below[key(alg, dir)].store(one_unit, Ordering::Relaxed);
         }
         self.refresh_cpu_bound(key(alg, dir));
@@ -341,7 +348,6 @@ impl Slots {
     /// so the bound needs no update when they open or close; it follows
     /// every change of a cost or a correction instead.
     ///
-    /// [`EXPLORE_WITHIN`]: crate::select::EXPLORE_WITHIN
     fn refresh_cpu_bound(&self, k: usize) {
         let (alg, dir) = crate::cost::unkey(k);
         let cpu = self.cpu_slot().model.entry(alg, dir);
@@ -356,7 +362,7 @@ impl Slots {
 
     /// [`Slots::refresh_cpu_bound`]'s length under which the CPU, at cost
     /// `c` with `cpu`'s corrections, beats every engine's fixed latency
-    /// by [`EXPLORE_WITHIN`](crate::select::EXPLORE_WITHIN).
+    /// by [`EXPLORE_WITHIN`].
     fn cpu_wins_below(
         &self,
         k: usize,
@@ -379,7 +385,7 @@ impl Slots {
         }
         for (class, engines) in engines.into_iter().enumerate() {
             let (first, last) = class_lens(class);
-            let margin = cpu.correction_at(at(class)) * crate::select::EXPLORE_WITHIN;
+            let margin = cpu.correction_at(at(class)) * EXPLORE_WITHIN;
             let room = engines / margin - c.fixed_ns;
             let below = if room.partial_cmp(&0.0) != Some(core::cmp::Ordering::Greater) {
                 0

@@ -199,6 +199,10 @@ fn the_cpu_wins_at_once_past_the_blocking_length_while_it_runs_inline() {
     assert!(slot.is_cpu() && p.is_some());
     let (slot, p) = decide(&s, &req(CBC, 64 << 20), || Some(0));
     assert!(slot.is_cpu() && p.is_some());
+    // A request under the bound the CPU would still send to the blocking
+    // pool (a bound from a replaced CPU cost) is weighed when asked so.
+    let (slot, p) = decide_weighed(&s, &req(CBC, 1 << 20), || Some(0));
+    assert!(slot.is_cpu() && p.is_some());
     // In a runtime, `cpu::plan` keeps a request under the bound inline and
     // sends the first one past it to the blocking pool.
     let cost = s.cpu_slot().model.entry(CBC, ENC).cost();
@@ -259,7 +263,7 @@ fn the_inline_length_follows_the_cpu_cost_and_never_falls_below_64_kib() {
 
 #[test]
 fn a_cpu_request_under_two_units_of_budget_spends_one_unread() {
-    let floor = crate::session::ONE_UNIT_LEN;
+    let floor = crate::cpu::ONE_UNIT_LEN;
     let s = slots(Policy::Latency, None, vec![]);
     // No cost yet: the default rate's (CRC: 40 B/ns, two units at
     // 64,000 B; CBC encryption: 0.8 B/ns, 1,280 B, so 4 KiB).
@@ -272,13 +276,9 @@ fn a_cpu_request_under_two_units_of_budget_spends_one_unread() {
     assert_eq!(b, 150_000);
     // What spend_units would have counted: one below, two past it.
     for len in [floor, 64 << 10, b - 1] {
-        assert_eq!(
-            crate::session::units(fast.latency_ns(len as usize)),
-            1,
-            "{len}"
-        );
+        assert_eq!(crate::cpu::units(fast.latency_ns(len as usize)), 1, "{len}");
     }
-    assert_eq!(crate::session::units(fast.latency_ns(b as usize + 1)), 2);
+    assert_eq!(crate::cpu::units(fast.latency_ns(b as usize + 1)), 2);
     // A slow CPU (1 ns/B: 4 KiB is five units) keeps 4 KiB.
     s.set_cost(SlotId::CPU, CRC, ENC, cpu_cost());
     assert_eq!(s.one_unit_below(CRC, ENC), floor);
@@ -590,7 +590,8 @@ fn explain_names_every_exclusion() {
 /// drives them, with each backend taking a chosen factor of its
 /// calibrated time (a load swing) times seeded jitter: an engine's
 /// completion is observed every time, a CPU request when the selector
-/// marks it (`explored`) or one in 64 (the inline path's sampling); an
+/// marks it (`explored`) or as the inline path samples (one in 64, from
+/// 64 KiB one in 8: `session::sample_now`); an
 /// exploration turn comes every [`EXPLORE_EVERY`]th weighed decision.
 struct Traffic {
     slots: Slots,

@@ -237,7 +237,9 @@ impl<'a, O: Operation<'a, B> + Unpin, B: Buffer> Future for Request<'a, O, B> {
                 op.run_cpu(&params, buf)
             }));
         }
-        let (slot, predicted) = if at_once {
+        // (`cpu_at_once` also answers for an Offload without engines or
+        // pinned: nothing to weigh there.)
+        let (slot, predicted) = if at_once && slots.pinned.is_none() && slots.has_engines() {
             crate::select::decide_weighed(slots, &asked, crate::select::explore_turn)
         } else {
             crate::select::decide(slots, &asked, crate::select::explore_turn)
