@@ -513,8 +513,8 @@ pub(crate) fn units(ns: f64) -> u32 {
 }
 
 /// The length under which a CPU request of (`alg`, `dir`) spends one unit
-/// of budget ([`spend_units`] counts one below two units' time), from the
-/// CPU's measured `cost` or, without one, the default rate
+/// of budget (`session::spend_units` counts one below two units' time),
+/// from the CPU's measured `cost` or, without one, the default rate
 /// [`inline_ns`] predicts from: at least [`ONE_UNIT_LEN`].
 pub(crate) fn one_unit_below(cost: Option<Cost>, alg: Algorithm, dir: Direction) -> u64 {
     let two_units = 2.0 * UNIT_NS;
