@@ -115,15 +115,33 @@ use crate::slot::EXPLORE_WITHIN;
 /// One decision in this many (per thread) goes to a near runner-up.
 const EXPLORE_EVERY: u32 = 32;
 
-/// Every `every`th call on this thread with `tick` (a thread-local
-/// counter, so no shared one to contend on): `Some(turn)`, counting those
-/// calls.
+/// A thread's call counters, one per (algorithm, direction)
+/// ([`key`](crate::cost::key)).
+///
+/// One counter per thread for all requests aliased with the requests'
+/// order: a task that alternates two kinds of request (a CRC, then an
+/// encryption, of each block) and is timed one call in 8 timed only the
+/// encryptions, so a hog never showed in the CRC's model; the same for
+/// exploration turns. Counted per kind, each is sampled at its own rate.
+pub(crate) type Ticks = [core::cell::Cell<u32>; crate::cost::KEYS];
+
+/// A thread's [`Ticks`], all at 0 (for `thread_local!`'s `const` form).
+pub(crate) const fn no_ticks() -> Ticks {
+    [const { core::cell::Cell::new(0) }; crate::cost::KEYS]
+}
+
+/// Every `every`th call on this thread for (`alg`, `dir`) with `ticks` (a
+/// thread-local counter, so no shared one to contend on): `Some(turn)`,
+/// counting those calls.
 #[inline]
 pub(crate) fn nth_call(
-    tick: &'static std::thread::LocalKey<core::cell::Cell<u32>>,
+    ticks: &'static std::thread::LocalKey<Ticks>,
+    alg: Algorithm,
+    dir: Direction,
     every: u32,
 ) -> Option<u32> {
-    tick.with(|t| {
+    ticks.with(|t| {
+        let t = t.get(crate::cost::key(alg, dir))?;
         let n = t.get().wrapping_add(1);
         t.set(n);
         n.is_multiple_of(every).then(|| n / every)
@@ -131,13 +149,13 @@ pub(crate) fn nth_call(
 }
 
 /// Whether this decision explores, and which turn it is: every
-/// [`EXPLORE_EVERY`]th on this thread.
+/// [`EXPLORE_EVERY`]th for (`alg`, `dir`) on this thread.
 #[inline]
-pub(crate) fn explore_turn() -> Option<u32> {
+pub(crate) fn explore_turn(alg: Algorithm, dir: Direction) -> Option<u32> {
     thread_local! {
-        static TICK: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+        static TICKS: Ticks = const { no_ticks() };
     }
-    nth_call(&TICK, EXPLORE_EVERY)
+    nth_call(&TICKS, alg, dir, EXPLORE_EVERY)
 }
 
 /// Under the Throughput policy, requests in flight per engine server up to
@@ -370,9 +388,9 @@ fn rent_or_explore(slots: &Slots, p: Prediction, req: &Request, turn: Option<u32
     }
     if p.slot.is_cpu() && !p.explored {
         thread_local! {
-            static TICK: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+            static TICKS: Ticks = const { no_ticks() };
         }
-        p.explored = nth_call(&TICK, TIME_CPU_EVERY).is_some();
+        p.explored = nth_call(&TICKS, req.alg, req.dir, TIME_CPU_EVERY).is_some();
     }
     (p.slot, Some(p))
 }
@@ -516,9 +534,9 @@ fn choose_among(slots: &Slots, req: &Request) -> Decision {
         // cannot take (too large, a length it cannot divide) runs on the
         // CPU rather than fail there.
         thread_local! {
-            static TICK: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+            static TICKS: Ticks = const { no_ticks() };
         }
-        let sampled = nth_call(&TICK, PINNED_SAMPLE_EVERY).is_some();
+        let sampled = nth_call(&TICKS, req.alg, req.dir, PINNED_SAMPLE_EVERY).is_some();
         let fit = if sampled {
             predict(slots, p, req).map(Some)
         } else {

@@ -547,8 +547,28 @@ fn a_turn_to_explore_goes_to_a_near_runner_up_in_turn() {
 
 #[test]
 fn the_explore_tick_fires_once_in_every_thirty_two() {
-    let turns = (0..320).filter_map(|_| explore_turn()).count();
+    let turns = (0..320).filter_map(|_| explore_turn(CBC, ENC)).count();
     assert_eq!(turns, 10);
+}
+
+#[test]
+fn kinds_of_request_in_turn_are_each_sampled_at_their_own_rate() {
+    // A task that CRCs then encrypts each block: with one counter for both,
+    // every 8th call was always an encryption and no CRC was ever timed.
+    thread_local! {
+        static TICKS: Ticks = const { no_ticks() };
+    }
+    let (mut crc, mut cbc) = (0, 0);
+    for _ in 0..160 {
+        crc += usize::from(nth_call(&TICKS, CRC, ENC, 8).is_some());
+        cbc += usize::from(nth_call(&TICKS, CBC, ENC, 8).is_some());
+    }
+    assert_eq!((crc, cbc), (20, 20));
+    // Decryption is a kind of its own.
+    let dec = (0..16)
+        .filter(|_| nth_call(&TICKS, CBC, Direction::Decrypt, 8).is_some())
+        .count();
+    assert_eq!(dec, 2);
 }
 
 #[test]

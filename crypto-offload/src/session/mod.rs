@@ -317,7 +317,7 @@ impl<'a> Watch<'a> {
         // Only the Throughput policy weighs the CPU's load.
         let in_flight = (slots.policy == crate::policy::Policy::Throughput)
             .then(|| InFlight::new(&cpu.model.in_flight));
-        let timed = if sample_now(len) || predicted.is_some_and(|p| p.explored) {
+        let timed = if sample_now(alg, dir, len) || predicted.is_some_and(|p| p.explored) {
             // Inline, the request does not queue: it is compared with the
             // bare service time (the selector's fast path makes no
             // prediction).
@@ -350,19 +350,21 @@ impl<'a> Watch<'a> {
 }
 
 /// Whether this inline CPU request is timed into the CPU's model: one in
-/// [`TIME_INLINE_EVERY`] on each thread, and from
+/// [`TIME_INLINE_EVERY`] of its (algorithm, direction) on each thread
+/// ([`Ticks`](crate::select::Ticks)), and from
 /// [`BLOCKING_MIN_LEN`](crate::cpu::BLOCKING_MIN_LEN) one in
 /// [`TIME_LARGE_EVERY`].
 #[inline]
-fn sample_now(len: usize) -> bool {
+fn sample_now(alg: Algorithm, dir: Direction, len: usize) -> bool {
+    use crate::select::{Ticks, no_ticks, nth_call};
     thread_local! {
-        static TICK: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
-        static LARGE: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+        static SMALL: Ticks = const { no_ticks() };
+        static LARGE: Ticks = const { no_ticks() };
     }
     if len < crate::cpu::BLOCKING_MIN_LEN {
-        crate::select::nth_call(&TICK, TIME_INLINE_EVERY).is_some()
+        nth_call(&SMALL, alg, dir, TIME_INLINE_EVERY).is_some()
     } else {
-        crate::select::nth_call(&LARGE, TIME_LARGE_EVERY).is_some()
+        nth_call(&LARGE, alg, dir, TIME_LARGE_EVERY).is_some()
     }
 }
 

@@ -240,9 +240,9 @@ impl<'a, O: Operation<'a, B> + Unpin, B: Buffer> Future for Request<'a, O, B> {
         // (`cpu_at_once` also answers for an Offload without engines or
         // pinned: nothing to weigh there.)
         let (slot, predicted) = if at_once && slots.pinned.is_none() && slots.has_engines() {
-            crate::select::decide_weighed(slots, &asked, crate::select::explore_turn)
+            crate::select::decide_weighed(slots, &asked, || crate::select::explore_turn(alg, dir))
         } else {
-            crate::select::decide(slots, &asked, crate::select::explore_turn)
+            crate::select::decide(slots, &asked, || crate::select::explore_turn(alg, dir))
         };
         let plan = if slot.is_cpu() {
             cpu_plan(slots, alg, dir, len)
