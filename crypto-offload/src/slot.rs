@@ -385,16 +385,10 @@ impl Slots {
         }
         for (class, engines) in engines.into_iter().enumerate() {
             let (first, last) = class_lens(class);
+            // Where the CPU's latency, corrected and EXPLORE_WITHIN over,
+            // reaches the engines' (none: no limit, u64::MAX).
             let margin = cpu.correction_at(at(class)) * EXPLORE_WITHIN;
-            let room = engines / margin - c.fixed_ns;
-            let below = if room.partial_cmp(&0.0) != Some(core::cmp::Ordering::Greater) {
-                0
-            } else if c.per_byte_ns <= 0.0 {
-                u64::MAX
-            } else {
-                // Saturating: an infinite room (no engine) is u64::MAX.
-                (room / c.per_byte_ns) as u64
-            };
+            let below = c.len_under(engines / margin).unwrap_or(0);
             // This class is not wholly the CPU's: the bound is in it (or
             // at its start).
             if below <= last {
