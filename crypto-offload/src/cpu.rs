@@ -6,8 +6,8 @@
 
 use async_trait::async_trait;
 use crypto_offload_fallback as fb;
-use fb::Implementation;
 use fb::choice::{Choice, Mode};
+use fb::{CrcPlan, Implementation};
 
 use crate::alg::{AeadAlg, Algorithm, CipherAlg, CipherMode, CrcAlg};
 use crate::backend::{
@@ -288,25 +288,21 @@ impl CpuCipher {
     }
 }
 
-/// The CRC of `data` on `choice`, in `parts` pieces on as many threads,
+/// The CRC of `data` on `plan`, in `parts` pieces on as many threads,
 /// combined.
-pub(crate) fn checksum_split(alg: CrcAlg, choice: Choice, data: &[u8], parts: usize) -> u64 {
+pub(crate) fn checksum_split(plan: CrcPlan, data: &[u8], parts: usize) -> u64 {
     if parts <= 1 {
-        return fb::checksum_with(alg, choice, data);
+        return plan.checksum(data);
     }
+    let alg = plan.alg();
     let per = data.len().div_ceil(parts).max(1);
     std::thread::scope(|scope| {
         let mut chunks = data.chunks(per);
         let first = chunks.next().unwrap_or(&[]);
         let handles: Vec<_> = chunks
-            .map(|c| {
-                (
-                    c.len(),
-                    scope.spawn(move || fb::checksum_with(alg, choice, c)),
-                )
-            })
+            .map(|c| (c.len(), scope.spawn(move || plan.checksum(c))))
             .collect();
-        let mut crc = fb::checksum_with(alg, choice, first);
+        let mut crc = plan.checksum(first);
         for (len, h) in handles {
             let piece = h
                 .join()
@@ -381,12 +377,12 @@ impl AeadContext for AeadCtx {
     }
 }
 
-struct CrcCtx(CrcAlg, Choice);
+struct CrcCtx(CrcPlan);
 
 #[async_trait]
 impl CrcContext for CrcCtx {
     async fn checksum(&self, buf: IoBuf) -> Result<(IoBuf, u64), Failed> {
-        let crc = fb::checksum_with(self.0, self.1, buf.as_slice());
+        let crc = self.0.checksum(buf.as_slice());
         Ok((buf, crc))
     }
 }
@@ -430,7 +426,7 @@ impl Backend for CpuBackend {
     }
 
     async fn open_crc(&self, alg: CrcAlg) -> Result<Box<dyn CrcContext>, BackendError> {
-        Ok(Box::new(CrcCtx(alg, self.crc_choice(alg))))
+        Ok(Box::new(CrcCtx(CrcPlan::new(alg, self.crc_choice(alg)))))
     }
 }
 

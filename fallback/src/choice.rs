@@ -790,29 +790,6 @@ pub fn measured(mode: Mode) -> Choice {
     }
 }
 
-/// What [`measured`]`(mode)` runs a `len`-byte request on, decoding only
-/// the byte of the cache that says so.
-///
-/// The one-shot CRCs call this on every request, where building the whole
-/// [`Choice`] first (two implementations decoded) cost ~0.3 ns of a 16-byte
-/// CRC-32C's 6 ns on AMD Zen 4; what is left of the dispatch (this, and the
-/// match on the algorithm) is ~1 ns.
-#[inline]
-pub fn measured_for_len(mode: Mode, len: usize) -> Implementation {
-    let code = CHOSEN[mode as usize].load(Ordering::Relaxed);
-    let small_max = code >> 16;
-    let byte = if small_max == MAX_CODED || len <= small_max as usize {
-        code
-    } else {
-        code >> 8
-    };
-    // An empty cache (0) decodes to no implementation.
-    match Implementation::from_index(((byte & 0xff) as usize).wrapping_sub(1)) {
-        Some(imp) => imp,
-        None => measured_cold(mode).for_len(len),
-    }
-}
-
 #[cold]
 #[inline(never)]
 fn measured_cold(mode: Mode) -> Choice {
@@ -1020,27 +997,6 @@ mod tests {
         );
         assert_eq!(built_unoptimised(), OPT_LEVEL == "0");
         assert_eq!(OPT_LEVEL, "3");
-    }
-
-    #[test]
-    fn measured_for_len_decodes_what_measured_gives() {
-        for mode in Mode::ALL {
-            // The first call, before the cache is filled, measures.
-            let first = measured_for_len(mode, 16);
-            let choice = measured(mode);
-            assert_eq!(first, choice.small, "{mode:?}");
-            let cut = choice.small_max;
-            for len in [0, 1, 16, 511, 512, 513, 4096, 65_534, 65_535, 1 << 20]
-                .into_iter()
-                .chain([cut.saturating_sub(1), cut, cut.saturating_add(1)])
-            {
-                assert_eq!(
-                    measured_for_len(mode, len),
-                    choice.for_len(len),
-                    "{mode:?} {len}"
-                );
-            }
-        }
     }
 
     #[test]

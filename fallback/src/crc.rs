@@ -5,6 +5,7 @@
 use core::fmt;
 
 use crate::choice::{self, Choice, Mode};
+use crate::crc_plan::CrcPlan;
 use crate::crc64_limit::crc64_table_limit;
 use crate::crc64_table::{self, Tables};
 use crate::{Error, Implementation};
@@ -94,7 +95,7 @@ impl CrcAlg {
         }
     }
 
-    fn fast(self) -> crc_fast::CrcAlgorithm {
+    pub(crate) fn fast(self) -> crc_fast::CrcAlgorithm {
         use crc_fast::CrcAlgorithm as A;
         match self {
             CrcAlg::Crc32IsoHdlc => A::Crc32IsoHdlc,
@@ -351,49 +352,18 @@ impl Crc {
 }
 
 /// The CRC of `data` in one call, on the implementation measured fastest
-/// here for its length ([`crc_choice`]).
-#[inline]
+/// here for its length ([`crc_choice`], as a [`CrcPlan`] made on the first
+/// call).
+#[inline(always)]
 pub fn checksum(alg: CrcAlg, data: &[u8]) -> u64 {
-    let imp = match Mode::of_crc(alg) {
-        Some(mode) => choice::measured_for_len(mode, data.len()),
-        None => Implementation::CrcFast,
-    };
-    checksum_on(alg, imp, data)
+    crate::crc_plan::checksum_measured(alg, data)
 }
 
-/// [`checksum`] on `choice`.
+/// [`checksum`] on `choice` (a [`CrcPlan`] kept and reused skips turning
+/// the choice into one on every call).
 #[inline]
 pub fn checksum_with(alg: CrcAlg, choice: Choice, data: &[u8]) -> u64 {
-    checksum_on(alg, choice.for_len(data.len()), data)
-}
-
-/// The CRC of `data` on `imp` (one that does not run `alg` means
-/// crc-fast; CRC-64 inputs under [`small_limit`] run on the table).
-#[inline]
-fn checksum_on(alg: CrcAlg, imp: Implementation, data: &[u8]) -> u64 {
-    use crc_fast::CrcAlgorithm as A;
-    // One arm per algorithm, each calling its implementation with the
-    // algorithm as a constant: crc-fast's `checksum` then folds its own
-    // dispatch away (10 ns of 34 at 64 bytes of CRC-64 on AMD Zen 4 when
-    // the algorithm was a variable) — if it is inlined, which the compiler
-    // did not always do here (1.3 ns of a 6 ns CRC-32C at 64 bytes), so
-    // crc-fast's typed one-shots (`inline(always)`) where it has them.
-    match alg {
-        // crc32fast's one-shot entry skips the hasher set-up (5.5 ns against
-        // 8 ns for 16 bytes).
-        CrcAlg::Crc32IsoHdlc if imp == Implementation::Crc32Fast => {
-            u64::from(crc32fast::hash(data))
-        }
-        CrcAlg::Crc32IsoHdlc => u64::from(crc_fast::crc32_iso_hdlc(data)),
-        CrcAlg::Crc32Iscsi if imp == Implementation::Crc32c => u64::from(crc32c::crc32c(data)),
-        CrcAlg::Crc32Iscsi => u64::from(crc_fast::crc32_iscsi(data)),
-        CrcAlg::Crc64Nvme if data.len() < small_limit(alg) => crc64_table::NVME.checksum(data),
-        CrcAlg::Crc64Nvme => crc_fast::crc64_nvme(data),
-        CrcAlg::Crc64Xz if data.len() < small_limit(alg) => crc64_table::XZ.checksum(data),
-        CrcAlg::Crc64Xz => crc_fast::checksum(A::Crc64Xz, data),
-        CrcAlg::Crc64GoIso if data.len() < small_limit(alg) => crc64_table::GO_ISO.checksum(data),
-        CrcAlg::Crc64GoIso => crc_fast::checksum(A::Crc64GoIso, data),
-    }
+    CrcPlan::new(alg, choice).checksum(data)
 }
 
 /// The CRC of `A ‖ B` from `crc(A)`, `crc(B)` and the length of `B`, without

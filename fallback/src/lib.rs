@@ -7,6 +7,7 @@ pub mod choice;
 mod crc;
 mod crc64_limit;
 mod crc64_table;
+mod crc_plan;
 mod ctr;
 mod error;
 mod gcm;
@@ -20,6 +21,7 @@ mod aws_lc;
 pub use block_cipher::KeySize;
 pub use cbc::Cbc;
 pub use crc::{Crc, CrcAlg, checksum, checksum_with, combine, crc_choice};
+pub use crc_plan::CrcPlan;
 pub use ctr::Ctr;
 pub use error::{Error, LengthRule};
 pub use gcm::{

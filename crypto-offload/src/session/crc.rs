@@ -6,7 +6,7 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::sync::Arc;
 
-use crypto_offload_fallback::{Crc, combine};
+use crypto_offload_fallback::{Crc, CrcPlan, combine};
 
 use super::request::{CpuJob, OpenContext, Operation, Request};
 use super::{BoxedRequest, Contexts};
@@ -45,10 +45,13 @@ pub struct CrcSession {
 }
 
 /// What a CRC session's requests read but never change: the algorithm, the
-/// slots and the session's contexts on them (one reference for an update
-/// to hold beside the running CRC it changes, so the future stays small).
+/// CPU's implementations for it, the slots and the session's contexts on
+/// them (one reference for an update to hold beside the running CRC it
+/// changes, so the future stays small).
 struct Engines {
     alg: CrcAlg,
+    /// The running CRC's choice, resolved once for one-shots.
+    plan: CrcPlan,
     contexts: Contexts<dyn CrcContext>,
     slots: Arc<Slots>,
 }
@@ -56,16 +59,9 @@ struct Engines {
 impl Engines {
     /// The CRC of `buf` alone on the blocking pool, in `parts` pieces on
     /// as many threads, combined.
-    fn spawn_checksum<B: Buffer>(
-        &self,
-        choice: crypto_offload_fallback::choice::Choice,
-        mut buf: B,
-        parts: usize,
-    ) -> CpuJob<u64, B> {
-        let alg = self.alg;
-        tokio::task::spawn_blocking(move || {
-            (Ok(checksum_split(alg, choice, buf.bytes_mut(), parts)), buf)
-        })
+    fn spawn_checksum<B: Buffer>(&self, mut buf: B, parts: usize) -> CpuJob<u64, B> {
+        let plan = self.plan;
+        tokio::task::spawn_blocking(move || (Ok(checksum_split(plan, buf.bytes_mut(), parts)), buf))
     }
 }
 
@@ -83,11 +79,13 @@ impl CrcSession {
     pub(crate) async fn start(slots: Arc<Slots>, alg: CrcAlg) -> Result<Self, Error> {
         let contexts =
             Contexts::open(&slots, alg.into(), |b| async move { b.open_crc(alg).await }).await?;
+        let choice = slots.cpu.crc_choice(alg);
         Ok(CrcSession {
             alg,
-            state: Crc::with_choice(alg, slots.cpu.crc_choice(alg)),
+            state: Crc::with_choice(alg, choice),
             on: Engines {
                 alg,
+                plan: CrcPlan::new(alg, choice),
                 contexts,
                 slots,
             },
@@ -155,13 +153,7 @@ impl CrcSession {
     /// engine holding it lets go); the session is unaffected.
     #[inline]
     pub fn checksum<B: Buffer>(&self, buf: B) -> CrcChecksum<'_, B> {
-        CrcChecksum(Request::new(
-            ChecksumOp {
-                choice: self.state.choice(),
-                on: &self.on,
-            },
-            buf,
-        ))
+        CrcChecksum(Request::new(ChecksumOp { on: &self.on }, buf))
     }
 
     /// Feeds borrowed bytes, on the CPU, synchronously.
@@ -261,7 +253,6 @@ impl<B: Buffer> fmt::Debug for CrcChecksum<'_, B> {
 /// A one-shot: the CRC of the buffer alone, nothing of the session's
 /// running state.
 pub(crate) struct ChecksumOp<'a> {
-    choice: crypto_offload_fallback::choice::Choice,
     on: &'a Engines,
 }
 
@@ -300,7 +291,7 @@ impl<'a, B: Buffer> Operation<'a, B> for ChecksumOp<'a> {
 
     #[inline]
     fn run_cpu(&mut self, _: &(), mut buf: B) -> Result<(B, u64), RequestError<B>> {
-        let crc = crypto_offload_fallback::checksum_with(self.on.alg, self.choice, buf.bytes_mut());
+        let crc = self.on.plan.checksum(buf.bytes_mut());
         Ok((buf, crc))
     }
 
@@ -309,7 +300,7 @@ impl<'a, B: Buffer> Operation<'a, B> for ChecksumOp<'a> {
     }
 
     fn spawn_cpu(&self, _: (), buf: B, parts: usize) -> CpuJob<u64, B> {
-        self.on.spawn_checksum(self.choice, buf, parts)
+        self.on.spawn_checksum(buf, parts)
     }
 
     fn job_done(&mut self, _: &(), crc: u64, buf: B) -> (B, u64) {
@@ -411,7 +402,7 @@ impl<'a, B: Buffer> Operation<'a, B> for CrcOp<'a> {
     }
 
     fn spawn_cpu(&self, _: usize, buf: B, parts: usize) -> CpuJob<u64, B> {
-        self.on.spawn_checksum(self.crc.choice(), buf, parts)
+        self.on.spawn_checksum(buf, parts)
     }
 
     fn job_done(&mut self, &sent: &usize, piece: u64, buf: B) -> B {
