@@ -10,7 +10,7 @@
 //! compiled in ([`Mode::candidates`]) at each of [`PROBES`] (16 B to
 //! 16 KiB) and keeps two: the fastest at the smallest probes and the fastest
 //! over the two largest ([`Class`]) — unless it beats the default (the
-//! build's, with the CRC-32s' seeded from the CPU's features:
+//! build's, with the CRC-32s' and GCM's seeded from the CPU:
 //! [`seeded_choice`]) by less than [`MARGIN`], so that two near-equal
 //! candidates do not trade places from one process to the next — with the
 //! request length where the two cross ([`Choice::small_max`]), found
@@ -382,7 +382,8 @@ pub const fn default_choice(mode: Mode) -> Choice {
 
 /// The choice a measurement of `mode` keeps unless a candidate beats it by
 /// the [`MARGIN`]: [`default_choice`], with the large class of the two
-/// CRC-32s seeded from the CPU's features.
+/// CRC-32s seeded from the CPU's features, and GCM's small class from the
+/// CPU's make.
 ///
 /// crc-fast's large-input CRC-32 code is AVX-512 (`avx512vl` and
 /// `vpclmulqdq`); without it, crc32fast's folding and the `crc32c` crate's
@@ -396,16 +397,74 @@ pub const fn default_choice(mode: Mode) -> Choice {
 /// with crc32c, crc-fast must beat it by the margin to take it back. With
 /// AVX-512 (AMD Zen 4, Intel Xeon family 6 model 167) crc-fast was the
 /// fastest from 1 KiB for both, 2–2.5× crc32c's.
+///
+/// GCM's small requests run fastest on ring's VAES + AVX2 code on AMD Zen 3
+/// (1.7–1.9× aws-lc) and Zen 4 (1.2–1.3×, ring 72–74 ns at 16 B against
+/// aws-lc's 89–90), but on the Intel Xeon aws-lc led by 1.05–1.12×, so
+/// neither can be the build's default for all. Against aws-lc as the
+/// default, Zen 4 measured aws-lc for small GCM in 4 of 1000 fresh
+/// processes (2026-12-04): in those, ring measured 80–85 ns at 16 B
+/// through all three batches (a slow level of its own that lasts the
+/// measurement; aws-lc 89), a gain of 1.05 under the margin. So on AMD
+/// family 25 (Zen 3 and Zen 4) with VAES and AVX2 the small class is seeded
+/// with ring, which aws-lc must then beat by the margin. In another 1000
+/// fresh processes so seeded, all chose ring; the old default would have
+/// strayed in 8 of them, and aws-lc's best gain over ring was 0.92.
 pub fn seeded_choice(mode: Mode) -> Choice {
     let default = default_choice(mode);
-    if !matches!(mode, Mode::Crc32 | Mode::Crc32c) || crc_fast_is_wide() {
-        return default;
+    match mode {
+        Mode::Crc32 | Mode::Crc32c if !crc_fast_is_wide() => {
+            let large = match mode {
+                Mode::Crc32 => Implementation::Crc32Fast,
+                _ => Implementation::Crc32c,
+            };
+            Choice { large, ..default }
+        }
+        #[cfg(feature = "ring")]
+        Mode::Gcm if ring_leads_small_gcm() => Choice {
+            small: Implementation::Ring,
+            ..default
+        },
+        _ => default,
     }
-    let large = match mode {
-        Mode::Crc32 => Implementation::Crc32Fast,
-        _ => Implementation::Crc32c,
-    };
-    Choice { large, ..default }
+}
+
+/// Whether the CPU is one on which ring's VAES + AVX2 GCM was measured the
+/// fastest for small requests: AMD family 25 (Zen 3, Zen 4) with VAES and
+/// AVX2 ([`seeded_choice`]). Read from `/proc/cpuinfo`; false where it
+/// cannot be read.
+#[cfg(feature = "ring")]
+fn ring_leads_small_gcm() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::io::BufRead;
+        if !(std::arch::is_x86_feature_detected!("vaes")
+            && std::arch::is_x86_feature_detected!("avx2"))
+        {
+            return false;
+        }
+        let Ok(file) = std::fs::File::open("/proc/cpuinfo") else {
+            return false;
+        };
+        let (mut amd, mut family) = (false, None);
+        // The first processor's block is enough (they end at a blank line).
+        for line in std::io::BufReader::new(file).lines() {
+            let Ok(line) = line else { break };
+            let Some((key, value)) = line.split_once(':') else {
+                break;
+            };
+            match key.trim() {
+                "vendor_id" => amd = value.trim() == "AuthenticAMD",
+                "cpu family" => family = value.trim().parse::<u32>().ok(),
+                _ => {}
+            }
+        }
+        amd && family == Some(25)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Whether crc-fast runs its widest CRC-32 code on this CPU (on x86_64
@@ -1252,13 +1311,21 @@ mod tests {
     }
 
     /// The CRC-32s' large class is seeded by whether crc-fast has its
-    /// AVX-512 code here; the small class and every AES mode keep the
-    /// build's default.
+    /// AVX-512 code here, GCM's small class by the CPU's make; the other
+    /// classes and every other AES mode keep the build's default.
     #[test]
     fn the_crc32_seeds_follow_crc_fast_s_wide_code() {
         for mode in Mode::ALL {
             let (seed, default) = (seeded_choice(mode), default_choice(mode));
-            assert_eq!(seed.small, default.small, "{mode:?}");
+            #[cfg(feature = "ring")]
+            let small = match mode {
+                Mode::Gcm if ring_leads_small_gcm() => Implementation::Ring,
+                _ => default.small,
+            };
+            #[cfg(not(feature = "ring"))]
+            let small = default.small;
+            assert_eq!(seed.small, small, "{mode:?}");
+            assert!(mode.candidates().contains(&seed.small), "{mode:?}");
             assert_eq!(seed.small_max, default.small_max, "{mode:?}");
             let large = match mode {
                 Mode::Crc32 if !crc_fast_is_wide() => Implementation::Crc32Fast,
@@ -1278,6 +1345,27 @@ mod tests {
         let seed = Choice::split(f, c);
         assert_eq!(choose(&ts, seed), seed);
         assert_eq!(choose(&ts, Choice::one(f)), Choice::one(f));
+    }
+
+    /// A Zen 4 process in which ring's GCM ran at its slow level through
+    /// the whole measurement (2026-12-04): against aws-lc as the default
+    /// its small gain (1.035) is under the margin and aws-lc kept small
+    /// requests, which it runs at 0.8× ring's in every other process;
+    /// seeded with ring, as [`seeded_choice`] does on AMD family 25, ring
+    /// keeps them, and aws-lc still takes the large class by its measure.
+    #[cfg(feature = "ring")]
+    #[test]
+    fn a_slow_ring_process_keeps_ring_for_small_gcm_when_seeded_with_it() {
+        use Implementation::{AwsLc, Ring, RustCrypto};
+        let ts = [
+            at(RustCrypto, [174, 165, 227, 545, 1735, 6490]),
+            at(AwsLc, [89, 94, 113, 203, 444, 1399]),
+            at(Ring, [86, 86, 103, 178, 476, 1669]),
+        ];
+        assert_eq!(choose(&ts, default_choice(Mode::Gcm)), Choice::one(AwsLc));
+        let seeded = choose(&ts, Choice::split(Ring, AwsLc));
+        assert_eq!((seeded.small, seeded.large), (Ring, AwsLc), "{seeded:?}");
+        assert!((1024..4096).contains(&seeded.small_max), "{seeded:?}");
     }
 
     /// A candidate that wins at 16 B alone does not take the small class:
