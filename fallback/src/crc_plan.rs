@@ -30,10 +30,13 @@ pub struct CrcPlan {
     span: usize,
 }
 
-/// The lengths from `lo` up as `(lo, span)`.
+/// The lengths from `lo` up as `(lo, span)`; none (`(0, 0)`) from past
+/// the longest slice, so that no plan has the `lo` of [`UNMEASURED`].
 const fn from(lo: usize) -> (usize, usize) {
     if lo == 0 {
         (0, usize::MAX)
+    } else if lo > isize::MAX as usize {
+        (0, 0)
     } else {
         (lo, 0usize.wrapping_sub(lo))
     }
@@ -121,7 +124,8 @@ impl CrcPlan {
     }
 
     /// Whether a `len`-byte input runs on crc-fast (else on the
-    /// algorithm's other implementation, see [`CrcPlan`]).
+    /// algorithm's other implementation, see [`CrcPlan`]), for the lengths
+    /// a slice can have (up to `isize::MAX`).
     pub fn runs_on_crc_fast(&self, len: usize) -> bool {
         on_crc_fast(self.lo, self.span, len)
     }
@@ -188,8 +192,9 @@ fn run_measured(
 fn checksum_cold(alg: CrcAlg, data: &[u8]) -> u64 {
     let plan = CrcPlan::measured(alg);
     let (lo, span) = &MEASURED[alg as usize];
-    // Span first: a reader that sees the new `lo` with the old span (0)
-    // runs the other implementation, which gives the same CRC.
+    // Relaxed: another thread may see either value old or new, in any
+    // mix; every mix picks one of the algorithm's implementations, and
+    // each gives the same CRC (the old `lo` means the cold path again).
     span.store(plan.span, Ordering::Relaxed);
     lo.store(plan.lo, Ordering::Relaxed);
     plan.checksum(data)
@@ -236,6 +241,24 @@ mod tests {
     }
 
     #[test]
+    fn no_plan_reads_as_unmeasured() {
+        use Implementation::{Crc32Fast as Other, CrcFast as Fast};
+        for small_max in [
+            0,
+            1,
+            isize::MAX as usize,
+            usize::MAX - 2,
+            usize::MAX - 1,
+            usize::MAX,
+        ] {
+            for (small, large) in [(Fast, Fast), (Fast, Other), (Other, Fast), (Other, Other)] {
+                let plan = CrcPlan::new(CrcAlg::Crc32IsoHdlc, choice(small, large, small_max));
+                assert_ne!(plan.lo, UNMEASURED, "{small:?} {large:?} {small_max}");
+            }
+        }
+    }
+
+    #[test]
     fn a_crc64_plan_runs_its_table_under_the_measured_limit() {
         let limit = small_limit(CrcAlg::Crc64Nvme);
         let plan = CrcPlan::new(CrcAlg::Crc64Nvme, Choice::one(Implementation::Crc32c));
@@ -260,7 +283,11 @@ mod tests {
             for len in [0, 1, 7, 16, 63, 64, 255, 256, 1000, 5000] {
                 let d = &data[..len];
                 assert_eq!(checksum_measured(alg, d), want(d), "{alg} measured {len}");
-                for imp in Implementation::ALL.iter().copied() {
+                for imp in Implementation::CRC
+                    .iter()
+                    .chain(Implementation::ALL)
+                    .copied()
+                {
                     for small_max in [0, 64, usize::MAX] {
                         let c = choice(imp, Implementation::Crc32c, small_max);
                         assert_eq!(

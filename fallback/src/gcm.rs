@@ -187,9 +187,12 @@ impl core::fmt::Debug for Gcm {
 }
 
 impl Gcm {
-    /// The build's preferred implementation, which [`Gcm::new`] keeps
-    /// unless another measures clearly faster on this machine
-    /// ([`choice::default_choice`], where it is set).
+    /// The build's preferred implementation ([`choice::default_choice`]):
+    /// the one a key size another implementation does not take (ring and
+    /// AES-192) runs on. [`Gcm::new`] keeps it unless another measures
+    /// clearly faster on this machine, for small requests starting from
+    /// the CPU's seed instead ([`choice::seeded_choice`]: ring on AMD
+    /// family 25).
     pub const DEFAULT_IMPLEMENTATION: Implementation = choice::default_choice(Mode::Gcm).small;
 
     /// Expands a 16-, 24- or 32-byte key on the implementations measured
