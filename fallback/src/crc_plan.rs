@@ -49,7 +49,7 @@ const fn on_crc_fast(lo: usize, span: usize, len: usize) -> bool {
 }
 
 /// Expands to a match on `$alg` whose every arm calls
-/// `$run($($arg,)* data, crc_fast_fn, other_fn)` with that algorithm's two
+/// `$run($($arg,)* crc_fast_fn, other_fn)` with that algorithm's two
 /// one-shots as closures: with the algorithm a constant in each arm,
 /// crc-fast's typed one-shots (`inline(always)`) fold its own dispatch.
 macro_rules! per_alg {
