@@ -452,19 +452,18 @@ fn ring_leads_small_gcm() -> bool {
 /// is an AMD of family 25 (Zen 3, Zen 4).
 #[cfg(feature = "ring")]
 fn amd_family_25(cpuinfo: &str) -> bool {
-    let (mut amd, mut family) = (false, None);
-    // The first processor's block ends at a blank line (no colon).
-    for line in cpuinfo.lines() {
-        let Some((key, value)) = line.split_once(':') else {
-            break;
-        };
-        match key.trim() {
-            "vendor_id" => amd = value.trim() == "AuthenticAMD",
-            "cpu family" => family = value.trim().parse::<u32>().ok(),
-            _ => {}
-        }
-    }
-    amd && family == Some(25)
+    cpuinfo_field(cpuinfo, "vendor_id") == Some("AuthenticAMD")
+        && cpuinfo_field(cpuinfo, "cpu family").and_then(|f| f.parse::<u32>().ok()) == Some(25)
+}
+
+/// The value of `key` for the first processor in `cpuinfo` (the text of
+/// `/proc/cpuinfo`, whose first block ends at a blank line), trimmed.
+fn cpuinfo_field<'a>(cpuinfo: &'a str, key: &str) -> Option<&'a str> {
+    cpuinfo
+        .lines()
+        .map_while(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v.trim())
 }
 
 /// [`seeded_choice`] for a measurement among `imps`: a seeded class whose
@@ -988,12 +987,7 @@ pub const fn built_unoptimised() -> bool {
 /// the architecture).
 pub fn cpu_line() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |k: &str| {
-        info.lines()
-            .find(|l| l.split(':').next().is_some_and(|n| n.trim() == k))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim().to_owned())
-    };
+    let field = |k: &str| cpuinfo_field(&info, k).map(str::to_owned);
     let model = field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_owned());
     let family = match (field("cpu family"), field("model")) {
         (Some(f), Some(m)) => format!(" (family {f} model {m})"),

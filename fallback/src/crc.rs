@@ -138,6 +138,9 @@ pub struct Crc {
     alg: CrcAlg,
     /// The CRC-32s' implementations per size class.
     choice: Choice,
+    /// `choice` as the lengths each update runs on crc-fast (the CRC-64
+    /// table limit measured in it).
+    plan: CrcPlan,
     /// The CRC of everything fed so far, unless `digest` holds it.
     value: u64,
     /// crc-fast's running state, while large updates are being fed.
@@ -175,21 +178,6 @@ pub fn crc_choice(alg: CrcAlg) -> Choice {
     }
 }
 
-/// The implementation a `len`-byte input of `alg` runs on under `choice`:
-/// one that does not run `alg` (or a CRC-64) means crc-fast, and for the
-/// CRC-64s [`small_limit`] picks the table.
-#[inline]
-fn runs_on(alg: CrcAlg, choice: Choice, len: usize) -> Implementation {
-    match (alg, choice.for_len(len)) {
-        (CrcAlg::Crc32IsoHdlc, Implementation::Crc32Fast) => Implementation::Crc32Fast,
-        (CrcAlg::Crc32Iscsi, Implementation::Crc32c) => Implementation::Crc32c,
-        (CrcAlg::Crc32IsoHdlc | CrcAlg::Crc32Iscsi, _) => Implementation::CrcFast,
-        // The CRC-64 table: not an `Implementation` of its own (not chosen).
-        _ if len < small_limit(alg) => Implementation::RustCrypto,
-        _ => Implementation::CrcFast,
-    }
-}
-
 /// The compile-time tables of a CRC-64 (none for the CRC-32s).
 fn table(alg: CrcAlg) -> Option<&'static Tables> {
     match alg {
@@ -214,7 +202,8 @@ impl CrcAlg {
 
 /// Continues `value` (the CRC of earlier data) over `data` on `imp`, one of
 /// the implementations that keep no state between calls (crc32fast,
-/// `crc32c`, and the CRC-64 tables, named `RustCrypto` by `runs_on`).
+/// `crc32c`, and the CRC-64 tables, named `RustCrypto` by
+/// [`crc_plan::other`](crate::crc_plan::other)).
 fn plain_update(alg: CrcAlg, imp: Implementation, value: u64, data: &[u8]) -> u64 {
     // Every crate here continues from a final CRC; the CRC-64 tables from
     // the register before the final XOR.
@@ -262,11 +251,12 @@ impl Crc {
 
     /// [`Crc::resume`] on `choice`.
     pub fn resume_with_choice(alg: CrcAlg, choice: Choice, crc: u64, len: u64) -> Self {
-        // A CRC-64's table limit is measured here, not in its first update.
-        small_limit(alg);
+        // (A CRC-64's table limit is measured in the plan, not in its first
+        // update.)
         Crc {
             alg,
             choice,
+            plan: CrcPlan::new(alg, choice),
             value: crc,
             digest: None,
             len,
@@ -287,7 +277,7 @@ impl Crc {
     /// The implementation a `len`-byte update runs on (`RustCrypto` names
     /// the `crc` crate's table that short CRC-64 updates run on).
     pub fn implementation_for(&self, len: usize) -> Implementation {
-        runs_on(self.alg, self.choice, len)
+        self.plan.implementation_for(len)
     }
 
     /// Feeds more data.
@@ -295,7 +285,7 @@ impl Crc {
     pub fn update(&mut self, data: &[u8]) {
         // Saturates rather than overflowing on a nonsense `resume` length.
         self.len = self.len.saturating_add(data.len() as u64);
-        let imp = runs_on(self.alg, self.choice, data.len());
+        let imp = self.plan.implementation_for(data.len());
         if imp != Implementation::CrcFast {
             if let Some(d) = self.digest.take() {
                 self.value = d.finalize();

@@ -87,19 +87,27 @@ macro_rules! per_alg {
     }};
 }
 
+/// `alg`'s implementation other than crc-fast: crc32fast, the `crc32c`
+/// crate, or (named `RustCrypto`, not an implementation that is chosen)
+/// this crate's CRC-64 table.
+pub(crate) const fn other(alg: CrcAlg) -> Implementation {
+    match alg {
+        CrcAlg::Crc32IsoHdlc => Implementation::Crc32Fast,
+        CrcAlg::Crc32Iscsi => Implementation::Crc32c,
+        CrcAlg::Crc64Nvme | CrcAlg::Crc64Xz | CrcAlg::Crc64GoIso => Implementation::RustCrypto,
+    }
+}
+
 impl CrcPlan {
     /// `alg` on `choice`; an implementation that does not run `alg` means
     /// crc-fast. A CRC-64 runs inputs under its measured table limit on the
     /// table and the rest on crc-fast, whatever `choice` says.
     pub fn new(alg: CrcAlg, choice: Choice) -> CrcPlan {
-        let other = match alg {
-            CrcAlg::Crc32IsoHdlc => Implementation::Crc32Fast,
-            CrcAlg::Crc32Iscsi => Implementation::Crc32c,
-            CrcAlg::Crc64Nvme | CrcAlg::Crc64Xz | CrcAlg::Crc64GoIso => {
-                let (lo, span) = from(small_limit(alg));
-                return CrcPlan { alg, lo, span };
-            }
-        };
+        if alg.width() == 64 {
+            let (lo, span) = from(small_limit(alg));
+            return CrcPlan { alg, lo, span };
+        }
+        let other = other(alg);
         let (lo, span) = match (choice.small != other, choice.large != other) {
             (true, true) => (0, usize::MAX),
             (false, false) => (0, 0),
@@ -128,6 +136,17 @@ impl CrcPlan {
     /// a slice can have (up to `isize::MAX`).
     pub fn runs_on_crc_fast(&self, len: usize) -> bool {
         on_crc_fast(self.lo, self.span, len)
+    }
+
+    /// The implementation a `len`-byte input runs on ([`other`] where not
+    /// crc-fast).
+    #[inline]
+    pub(crate) fn implementation_for(&self, len: usize) -> Implementation {
+        if self.runs_on_crc_fast(len) {
+            Implementation::CrcFast
+        } else {
+            other(self.alg)
+        }
     }
 
     /// The CRC of `data`.
