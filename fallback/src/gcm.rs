@@ -7,7 +7,7 @@
 
 use aes_gcm::aead::AeadInOut;
 use aes_gcm::{Aes128Gcm, Aes256Gcm, AesGcm, KeyInit};
-use cipher::consts::{U12, U16};
+use cipher::consts::U12;
 use zeroize::Zeroize;
 
 use crate::block_cipher::KeySize;
@@ -79,7 +79,7 @@ enum Imp {
 /// mirrors): the tag copied out.
 #[cfg(any(feature = "aws-lc", feature = "ring"))]
 macro_rules! fused_seal {
-    ($krate:ident, $k:expr, $nonce:expr, $aad:expr, $data:expr, $imp:expr) => {{
+    ($krate:ident, $k:expr, $nonce:expr, $aad:expr, $data:expr, $failed:expr) => {{
         use $krate::aead::{Aad, Nonce};
         let tag = $k
             .seal_in_place_separate_tag(
@@ -87,7 +87,7 @@ macro_rules! fused_seal {
                 Aad::from($aad),
                 $data,
             )
-            .map_err(|_| Error::ImplementationFailure($imp))?;
+            .map_err(|_| $failed)?;
         let mut out = [0u8; TAG_LEN];
         out.copy_from_slice(tag.as_ref());
         Ok(out)
@@ -271,12 +271,15 @@ impl Gcm {
     /// # Errors
     /// [`Error::DataLength`] when `data` is longer than [`MAX_LEN`].
     //
-    // Always inlined, with the `aes-gcm` arms and the error paths out of
-    // line: left to `#[inline]`, the compiler kept it out of line, and the
-    // call and the tag's copy through the returned `Result` cost ~6 ns of
-    // a ~73 ns seal at 16 B on AMD Zen 4 (ring through here at 0.91 of
-    // ring called directly, 0.98 inlined: `benches/paired-layouts 16
-    // --group gcm --sizes 16,64,1k`).
+    // Always inlined: left to `#[inline]`, the compiler kept it out of
+    // line where the caller's loop is small, and the call and the tag's
+    // copy through the returned `Result` cost ~6 ns of a ~73 ns seal at
+    // 16 B on AMD Zen 4 (ring through here at 0.91 of ring called
+    // directly, 0.97 inlined: `benches/paired-layouts 16 --group gcm
+    // --sizes 16,64,1k`). Keep the arms as they are: moving the `aes-gcm`
+    // arms and the error paths out of line split the tag's copies into
+    // the session's result differently and cost the session API's 16 B
+    // seal 10 ns (the `session-overhead` bench over 8 code layouts).
     #[inline(always)]
     pub fn seal_in_place_detached(
         &self,
@@ -285,16 +288,25 @@ impl Gcm {
         data: &mut [u8],
     ) -> Result<Tag, Error> {
         check_len(data.len())?;
-        match self.imp_for(data.len()) {
-            Imp::A128(k) => rust_crypto_seal(k, nonce, aad, data),
-            Imp::A192(k) => rust_crypto_seal(k, nonce, aad, data),
-            Imp::A256(k) => rust_crypto_seal(k, nonce, aad, data),
+        let imp = self.imp_for(data.len());
+        let failed = Error::ImplementationFailure(imp.implementation());
+        match imp {
+            Imp::A128(k) => Ok(k
+                .encrypt_inout_detached(&(*nonce).into(), aad, data.into())
+                .map_err(|_| failed)?
+                .0),
+            Imp::A192(k) => Ok(k
+                .encrypt_inout_detached(&(*nonce).into(), aad, data.into())
+                .map_err(|_| failed)?
+                .0),
+            Imp::A256(k) => Ok(k
+                .encrypt_inout_detached(&(*nonce).into(), aad, data.into())
+                .map_err(|_| failed)?
+                .0),
             #[cfg(feature = "aws-lc")]
-            Imp::AwsLc(k, _) => {
-                fused_seal!(aws_lc_rs, k, nonce, aad, data, Implementation::AwsLc)
-            }
+            Imp::AwsLc(k, _) => fused_seal!(aws_lc_rs, k, nonce, aad, data, failed),
             #[cfg(feature = "ring")]
-            Imp::Ring(k, _) => fused_seal!(ring, k, nonce, aad, data, Implementation::Ring),
+            Imp::Ring(k, _) => fused_seal!(ring, k, nonce, aad, data, failed),
         }
     }
 
@@ -316,9 +328,15 @@ impl Gcm {
     ) -> Result<(), Error> {
         check_len(data.len())?;
         let ok = match self.imp_for(data.len()) {
-            Imp::A128(k) => rust_crypto_open(k, nonce, aad, data, tag),
-            Imp::A192(k) => rust_crypto_open(k, nonce, aad, data, tag),
-            Imp::A256(k) => rust_crypto_open(k, nonce, aad, data, tag),
+            Imp::A128(k) => k
+                .decrypt_inout_detached(&(*nonce).into(), aad, data.into(), tag.into())
+                .is_ok(),
+            Imp::A192(k) => k
+                .decrypt_inout_detached(&(*nonce).into(), aad, data.into(), tag.into())
+                .is_ok(),
+            Imp::A256(k) => k
+                .decrypt_inout_detached(&(*nonce).into(), aad, data.into(), tag.into())
+                .is_ok(),
             #[cfg(feature = "aws-lc")]
             Imp::AwsLc(k, _) => {
                 use aws_lc_rs::aead::{Aad, Nonce};
@@ -343,62 +361,24 @@ impl Gcm {
                 .is_ok()
             }
         };
-        if ok { Ok(()) } else { refuse(data) }
+        if ok {
+            Ok(())
+        } else {
+            // aws-lc and ring may have written unauthenticated plaintext
+            // (ring documents that it may); wipe it.
+            data.zeroize();
+            Err(Error::Authentication)
+        }
     }
 }
 
-/// A seal on the `aes-gcm` crate, out of line: the seal above is inlined
-/// into its callers, and this arm is the longest.
-#[inline(never)]
-fn rust_crypto_seal<A: AeadInOut<NonceSize = U12, TagSize = U16>>(
-    k: &A,
-    nonce: &[u8; NONCE_LEN],
-    aad: &[u8],
-    data: &mut [u8],
-) -> Result<Tag, Error> {
-    let tag = k
-        .encrypt_inout_detached(nonce.into(), aad, data.into())
-        .map_err(|_| Error::ImplementationFailure(Implementation::RustCrypto))?;
-    Ok(tag.0)
-}
-
-/// An open on the `aes-gcm` crate, out of line (see [`rust_crypto_seal`]):
-/// whether the tag verified.
-#[inline(never)]
-fn rust_crypto_open<A: AeadInOut<NonceSize = U12, TagSize = U16>>(
-    k: &A,
-    nonce: &[u8; NONCE_LEN],
-    aad: &[u8],
-    data: &mut [u8],
-    tag: &Tag,
-) -> bool {
-    k.decrypt_inout_detached(nonce.into(), aad, data.into(), tag.into())
-        .is_ok()
-}
-
-/// A tag that did not verify: aws-lc and ring may have written
-/// unauthenticated plaintext (ring documents that it may); wiped.
-#[cold]
-#[inline(never)]
-fn refuse(data: &mut [u8]) -> Result<(), Error> {
-    data.zeroize();
-    Err(Error::Authentication)
-}
-
-#[inline]
 pub(crate) fn check_len(len: usize) -> Result<(), Error> {
     if len as u64 > MAX_LEN {
-        return too_long(len);
+        return Err(Error::DataLength {
+            alg: ALG,
+            len,
+            rule: LengthRule::TooLong(MAX_LEN),
+        });
     }
     Ok(())
-}
-
-#[cold]
-#[inline(never)]
-fn too_long(len: usize) -> Result<(), Error> {
-    Err(Error::DataLength {
-        alg: ALG,
-        len,
-        rule: LengthRule::TooLong(MAX_LEN),
-    })
 }
