@@ -266,36 +266,31 @@ fn xts(unit: usize) -> Group {
 
 fn crc(alg: CrcAlg) -> Group {
     let mut g = Group::new(alg.name().to_ascii_lowercase().replace('/', "-"));
-    // The algorithm a constant in each closure, as it is in crc-fast's
-    // typed one-shots below and in a caller that names it.
-    macro_rules! ours {
-        ($($a:ident),*) => {
+    // Both sides with the algorithm a constant in each closure: crc-fast's
+    // typed one-shots where it has them (they skip its match on the
+    // algorithm), else its `checksum` with the algorithm named; ours as a
+    // caller that names its algorithm calls it.
+    const { assert!(CrcAlg::ALL.len() == 5, "a CRC without its own arms below") };
+    macro_rules! constant {
+        ($($a:ident => $fast:expr),* $(,)?) => {
             match alg {
-                $(CrcAlg::$a => g.add("fallback", |buf| {
-                    black_box(crypto_offload_fallback::checksum(CrcAlg::$a, buf));
-                }),)*
-                _ => g.add("fallback", move |buf| {
-                    black_box(crypto_offload_fallback::checksum(alg, buf));
-                }),
+                $(CrcAlg::$a => {
+                    g.add("fallback", |buf| {
+                        black_box(crypto_offload_fallback::checksum(CrcAlg::$a, buf));
+                    });
+                    g.add("crc-fast", $fast);
+                })*
+                _ => unreachable!("every CrcAlg has its arm (the assertion above)"),
             }
         };
     }
-    ours!(Crc32IsoHdlc, Crc32Iscsi, Crc64Nvme, Crc64Xz, Crc64GoIso);
-    let fast = match alg {
-        CrcAlg::Crc32IsoHdlc => crc_fast::CrcAlgorithm::Crc32IsoHdlc,
-        CrcAlg::Crc32Iscsi => crc_fast::CrcAlgorithm::Crc32Iscsi,
-        CrcAlg::Crc64Nvme => crc_fast::CrcAlgorithm::Crc64Nvme,
-        CrcAlg::Crc64Xz => crc_fast::CrcAlgorithm::Crc64Xz,
-        _ => crc_fast::CrcAlgorithm::Crc64GoIso,
-    };
-    // crc-fast's typed one-shots where it has them (they skip its match
-    // on the algorithm), else `checksum`.
-    match alg {
-        CrcAlg::Crc32IsoHdlc => g.add("crc-fast", |buf| crc_fast::crc32_iso_hdlc(buf)),
-        CrcAlg::Crc32Iscsi => g.add("crc-fast", |buf| crc_fast::crc32_iscsi(buf)),
-        CrcAlg::Crc64Nvme => g.add("crc-fast", |buf| crc_fast::crc64_nvme(buf)),
-        _ => g.add("crc-fast", move |buf| crc_fast::checksum(fast, buf)),
-    }
+    constant!(
+        Crc32IsoHdlc => |buf| crc_fast::crc32_iso_hdlc(buf),
+        Crc32Iscsi => |buf| crc_fast::crc32_iscsi(buf),
+        Crc64Nvme => |buf| crc_fast::crc64_nvme(buf),
+        Crc64Xz => |buf| crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Xz, buf),
+        Crc64GoIso => |buf| crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64GoIso, buf),
+    );
     match alg {
         CrcAlg::Crc32IsoHdlc => g.add("crc32fast", |buf| {
             black_box(crc32fast::hash(buf));
