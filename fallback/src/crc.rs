@@ -135,11 +135,10 @@ impl fmt::Display for CrcAlg {
 /// mixing is exact.
 #[derive(Clone)]
 pub struct Crc {
-    alg: CrcAlg,
     /// The CRC-32s' implementations per size class.
     choice: Choice,
-    /// `choice` as the lengths each update runs on crc-fast (the CRC-64
-    /// table limit measured in it).
+    /// The algorithm, and `choice` as the lengths each update runs on
+    /// crc-fast (the CRC-64 table limit measured in it).
     plan: CrcPlan,
     /// The CRC of everything fed so far, unless `digest` holds it.
     value: u64,
@@ -151,7 +150,7 @@ pub struct Crc {
 impl fmt::Debug for Crc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Crc")
-            .field("alg", &self.alg)
+            .field("alg", &self.plan.alg())
             .field("len", &self.len)
             .finish()
     }
@@ -254,7 +253,6 @@ impl Crc {
         // (A CRC-64's table limit is measured in the plan, not in its first
         // update.)
         Crc {
-            alg,
             choice,
             plan: CrcPlan::new(alg, choice),
             value: crc,
@@ -265,7 +263,7 @@ impl Crc {
 
     /// The algorithm.
     pub fn alg(&self) -> CrcAlg {
-        self.alg
+        self.plan.alg()
     }
 
     /// The implementations small and large updates run on (for the
@@ -290,10 +288,10 @@ impl Crc {
             if let Some(d) = self.digest.take() {
                 self.value = d.finalize();
             }
-            self.value = plain_update(self.alg, imp, self.value, data);
+            self.value = plain_update(self.plan.alg(), imp, self.value, data);
         } else {
             let value = self.value;
-            let alg = self.alg;
+            let alg = self.plan.alg();
             self.digest
                 .get_or_insert_with(|| {
                     crc_fast::Digest::new_with_init_state(alg.fast(), value ^ alg.xorout())
@@ -324,7 +322,7 @@ impl Crc {
 
     /// Starts over with no data (on the same implementations).
     pub fn reset(&mut self) {
-        *self = Crc::with_choice(self.alg, self.choice);
+        *self = Crc::with_choice(self.plan.alg(), self.choice);
     }
 
     /// Checks the CRC of everything fed so far against `expected`.
