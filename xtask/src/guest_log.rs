@@ -20,6 +20,20 @@ use crate::qemu::RunKind;
 /// The text the kernel prints when it panics.
 const PANIC: &str = "Kernel panic - not syncing";
 
+/// What the kernel's RCU stall detector prints when a CPU's timers stopped
+/// firing ("rcu_preempt kthread timer wakeup didn't happen for 5251
+/// jiffies! … Possible timer handling issue on cpu=1"). Seen once, under
+/// TCG with the host hog on (a CI vfio run on e06fd48): vCPU 1 idled and
+/// no timer interrupt reached it again for the 480 s the run had left, so
+/// a test waiting on a wake-up there hung to the run's timeout; seven
+/// other runs of that image never printed it. A guest whose clock stopped
+/// tests nothing more: [`crate::qemu`] stops it at once and repeats the
+/// run once.
+const TIMERS_STOPPED: [&str; 2] = [
+    "timer wakeup didn't happen",
+    "Possible timer handling issue",
+];
+
 /// One test binary or step, as the log tells it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BinaryResult {
@@ -38,6 +52,9 @@ pub enum Ending {
     Exited,
     /// QEMU was killed after this long.
     TimedOut(Duration),
+    /// QEMU was killed this long after it started, once the guest kernel
+    /// said its timers had stopped ([`LogParser::timers_stopped`]).
+    TimersStopped(Duration),
 }
 
 /// The verdict on one run.
@@ -77,6 +94,8 @@ pub struct LogParser {
     /// `VMTEST-VFIO <bdf> failed ...`: devices that could not be bound.
     vfio_failed: Vec<String>,
     panic: Option<String>,
+    /// The first line that said the guest's timers stopped.
+    timers_stopped: Option<String>,
     last_at: Duration,
 }
 
@@ -92,6 +111,7 @@ impl LogParser {
             vfio_bound: Vec::new(),
             vfio_failed: Vec::new(),
             panic: None,
+            timers_stopped: None,
             last_at: Duration::ZERO,
         }
     }
@@ -106,6 +126,9 @@ impl LogParser {
         self.last_at = at;
         if self.panic.is_none() && text.contains(PANIC) {
             self.panic = Some(text.trim().to_owned());
+        }
+        if self.timers_stopped.is_none() && TIMERS_STOPPED.iter().any(|t| text.contains(t)) {
+            self.timers_stopped = Some(text.trim().to_owned());
         }
         let Some(start) = text.find("VMTEST-") else {
             return;
@@ -185,6 +208,12 @@ impl LogParser {
         }
     }
 
+    /// The kernel's line saying the guest's timers stopped, if one came:
+    /// the guest will not finish what waits on them.
+    pub fn timers_stopped(&self) -> Option<&str> {
+        self.timers_stopped.as_deref()
+    }
+
     /// A BEGIN whose END never came is recorded without an exit status.
     fn close_unended(&mut self, at: Duration) {
         if let Some((name, started)) = self.open.take() {
@@ -200,11 +229,17 @@ impl LogParser {
     pub fn finish(mut self, ending: Ending, end: Duration) -> RunReport {
         self.close_unended(end.max(self.last_at));
         let mut failures = Vec::new();
-        if let Ending::TimedOut(after) = ending {
-            failures.push(format!(
+        match ending {
+            Ending::Exited => {}
+            Ending::TimedOut(after) => failures.push(format!(
                 "timed out: QEMU killed after {} s",
                 after.as_secs()
-            ));
+            )),
+            Ending::TimersStopped(after) => failures.push(format!(
+                "the guest's timers stopped: QEMU killed after {} s ({})",
+                after.as_secs(),
+                self.timers_stopped.as_deref().unwrap_or_default()
+            )),
         }
         if let Some(panic) = &self.panic {
             failures.push(format!("kernel panic: {panic}"));
@@ -363,6 +398,28 @@ mod tests {
                 "differential: no VMTEST-END with an exit status (it crashed or hung the guest)",
                 "the guest never printed VMTEST-DONE",
             ]
+        );
+    }
+
+    #[test]
+    fn a_guest_whose_timers_stopped_fails_and_says_why() {
+        let line = "[   57.267820] rcu: \tPossible timer handling issue on cpu=1 timer-softirq=488";
+        let mut parser = LogParser::new(RunKind::Plain);
+        for (i, text) in PASSING[..4].iter().chain([&line]).enumerate() {
+            assert!(parser.timers_stopped().is_none(), "{i}");
+            parser.line(Duration::from_secs(i as u64), text);
+        }
+        assert_eq!(parser.timers_stopped(), Some(line.trim()));
+        let report = parser.finish(
+            Ending::TimersStopped(Duration::from_secs(60)),
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            report.failures[0],
+            format!(
+                "the guest's timers stopped: QEMU killed after 60 s ({})",
+                line.trim()
+            )
         );
     }
 

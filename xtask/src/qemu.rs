@@ -3,7 +3,12 @@
 //! The console (QEMU's stdout with `-nographic`) is read line by line on a
 //! thread, echoed with the run's name, written with host timestamps to
 //! `target/vm-test/<run>.log` and fed to [`LogParser`]. QEMU is killed when
-//! the per-run timeout passes, so a hung guest cannot hang the task.
+//! the per-run timeout passes, so a hung guest cannot hang the task, and at
+//! once when the guest kernel says its timers stopped.
+//!
+//! A TCG run is repeated once if QEMU crashed in it or its guest's timers
+//! stopped (the emulator broke, not a test); the first attempt's log is
+//! kept as `<run>-crash.log` and the summary says why.
 //!
 //! KVM is tried first when `/dev/kvm` opens read-write; if the guest has not
 //! reached `/init` within [`KVM_BOOT_WINDOW`], QEMU is killed and the run
@@ -298,8 +303,8 @@ pub struct Boot {
     pub log: PathBuf,
     /// What happened to a KVM attempt that was given up.
     pub kvm_note: Option<String>,
-    /// How QEMU itself died in an attempt that was repeated
-    /// ([`emulator_crash`]).
+    /// Why the judged attempt is a repeat: QEMU itself died in the first
+    /// ([`emulator_crash`]), or its guest's timers stopped.
     pub crash_note: Option<String>,
 }
 
@@ -368,16 +373,19 @@ pub fn boot(
     Ok(attempt.into_boot(Accel::Tcg, log, kvm_note, crash_note))
 }
 
-/// Where a crashed attempt's log is kept.
+/// Where a crashed attempt's log is kept (also one whose guest's timers
+/// stopped).
 fn crash_log_of(log: &Path, run: RunKind) -> PathBuf {
     log.with_file_name(format!("{}-crash.log", run.name()))
 }
 
 /// Runs the run once more under TCG if QEMU crashed in `first`
-/// ([`emulator_crash`]), keeping the crashed attempt's log as
-/// `<run>-crash.log`; returns the attempt to judge and, if there was a
-/// crash, what happened. A test binary that failed before the crash fails
-/// the judged attempt too.
+/// ([`emulator_crash`]) or the guest kernel said its timers stopped
+/// ([`LogParser::timers_stopped`]: the emulated machine broke, not a
+/// test), keeping the first attempt's log as `<run>-crash.log`; returns
+/// the attempt to judge and, if there was a repeat, why. A test binary
+/// that failed before the crash fails the judged attempt too, and the
+/// reason stays in the summary.
 fn repeat_after_a_crash(
     first: Attempt,
     machine: &Machine,
@@ -386,8 +394,10 @@ fn repeat_after_a_crash(
     timeout: Duration,
     log: &Path,
 ) -> Result<(Attempt, Option<String>)> {
-    let Some(signal) = emulator_crash(first.status, first.started) else {
-        return Ok((first, None));
+    let what = match emulator_crash(first.status, first.started) {
+        Some(signal) => format!("QEMU crashed (signal {signal})"),
+        None if first.timers_stopped && first.started => "the guest's timers stopped".to_owned(),
+        None => return Ok((first, None)),
     };
     let crash_log = crash_log_of(log, run);
     fs::rename(log, &crash_log).with_context(|| format!("renaming {}", log.display()))?;
@@ -400,7 +410,7 @@ fn repeat_after_a_crash(
         .find(|b| b.rc.is_none())
         .map_or_else(String::new, |b| format!(" during {}", b.name));
     let note = format!(
-        "QEMU crashed (signal {signal}) {:.0} s into the run{during} (log {}); the run was repeated once",
+        "{what} {:.0} s into the run{during} (log {}); the run was repeated once",
         first.wall.as_secs_f64(),
         crash_log.display()
     );
@@ -413,7 +423,7 @@ fn repeat_after_a_crash(
         .filter(|b| b.rc.is_some_and(|rc| rc != 0))
     {
         second.report.failures.push(format!(
-            "{}: exit status {} in the attempt QEMU crashed in (log {})",
+            "{}: exit status {} in the attempt repeated ({what}; log {})",
             failed.name,
             failed.rc.unwrap_or_default(),
             crash_log.display()
@@ -431,6 +441,9 @@ struct Attempt {
     alive: bool,
     /// The guest printed its sign of life.
     started: bool,
+    /// Killed once the guest said its timers stopped
+    /// ([`LogParser::timers_stopped`]).
+    timers_stopped: bool,
 }
 
 impl Attempt {
@@ -711,6 +724,7 @@ fn attempt(
     let mut open_streams = readers.len();
 
     let mut killed_after = None;
+    let mut timers_stopped = false;
     while open_streams > 0 {
         let limit = match life_window {
             Some(window) if !console.alive => window.min(timeout),
@@ -722,7 +736,15 @@ fn attempt(
             break;
         }
         match events.recv_timeout(limit - elapsed) {
-            Ok(Event::Line(line)) => console.line(&line)?,
+            Ok(Event::Line(line)) => {
+                console.line(&line)?;
+                // A guest whose clock stopped only waits for the timeout.
+                if console.parser.timers_stopped().is_some() {
+                    timers_stopped = true;
+                    killed_after = Some(console.started.elapsed());
+                    break;
+                }
+            }
             Ok(Event::Closed) => open_streams -= 1,
             Ok(Event::Qmp(message)) => console.qmp_message(message)?,
             Err(RecvTimeoutError::Timeout) => {}
@@ -732,7 +754,9 @@ fn attempt(
     let status = match killed_after {
         Some(after) => {
             let seconds = after.as_secs_f64();
-            console.note(&if console.alive {
+            console.note(&if timers_stopped {
+                format!("the guest's timers stopped: killing QEMU after {seconds:.0} s")
+            } else if console.alive {
                 format!("timeout: killing QEMU after {seconds:.0} s")
             } else {
                 format!("no sign of life after {seconds:.0} s: killing QEMU")
@@ -769,7 +793,11 @@ fn attempt(
         let _ = fs::remove_file(socket);
     }
     console.log.flush()?;
-    let ending = killed_after.map_or(Ending::Exited, Ending::TimedOut);
+    let ending = match killed_after {
+        None => Ending::Exited,
+        Some(after) if timers_stopped => Ending::TimersStopped(after),
+        Some(after) => Ending::TimedOut(after),
+    };
     let mut report = console.parser.finish(ending, wall);
     if let Some(status) = status.filter(|s| !s.success()) {
         report
@@ -782,6 +810,7 @@ fn attempt(
         wall,
         alive: console.alive,
         started: console.started_guest,
+        timers_stopped,
     })
 }
 
@@ -1115,12 +1144,71 @@ mod tests {
             boot.report
                 .failures
                 .iter()
-                .any(|f| f.starts_with("t: exit status 1 in the attempt QEMU crashed in")),
+                .any(|f| f.starts_with("t: exit status 1 in the attempt repeated (QEMU crashed")),
             "{:?}",
             boot.report.failures
         );
         let note = boot.crash_note.unwrap();
         assert!(note.contains("during u"), "{note}");
+    }
+
+    /// The kernel's line from the CI run whose vCPU 1 stopped taking
+    /// timer interrupts.
+    const TIMERS_STOPPED: &str =
+        "echo '[   57.267820] rcu: 	Possible timer handling issue on cpu=1 timer-softirq=488'";
+
+    #[test]
+    fn a_guest_whose_timers_stop_is_stopped_at_once_and_run_again() {
+        // The first guest's timers stop mid-test and it hangs; the second passes.
+        let started = Instant::now();
+        let (boot, first_log) = fake_boot(
+            "timers-once",
+            &format!(
+                "if [ ! -e $DIR/stopped ]; then touch $DIR/stopped; \
+                 echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; {TIMERS_STOPPED}; exec sleep 60; fi; \
+                 {PASSING_GUEST}"
+            ),
+        );
+        // Not held to the 30 s timeout.
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(boot.report.passed(), "{:?}", boot.report.failures);
+        let note = boot.crash_note.expect("the repeat is reported");
+        assert!(
+            note.starts_with("the guest's timers stopped") && note.contains("during t"),
+            "{note}"
+        );
+        let first_log = first_log.unwrap();
+        assert!(
+            first_log.contains("Possible timer handling issue")
+                && first_log.contains("the guest's timers stopped: killing QEMU"),
+            "{first_log}"
+        );
+    }
+
+    #[test]
+    fn a_guest_whose_timers_stop_twice_fails_the_run() {
+        let started = Instant::now();
+        let (boot, _) = fake_boot(
+            "timers-twice",
+            &format!(
+                "echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; {TIMERS_STOPPED}; exec sleep 60"
+            ),
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(boot.crash_note.is_some());
+        assert!(
+            boot.report.failures[0].starts_with("the guest's timers stopped: QEMU killed after"),
+            "{:?}",
+            boot.report.failures
+        );
     }
 
     #[test]
