@@ -34,6 +34,26 @@ const TIMERS_STOPPED: [&str; 2] = [
     "Possible timer handling issue",
 ];
 
+/// Whether `text` holds the kernel's own [`TIMERS_STOPPED`] message: after
+/// a printk timestamp and `rcu: ` (`[   57.267820] rcu: …`), so that a test
+/// or QEMU (whose lines come as `qemu: …`) quoting the words does not stop
+/// a run. The kernel's line may follow a test's output on the same line.
+fn says_timers_stopped(text: &str) -> bool {
+    text.match_indices("] rcu: ").any(|(at, tag)| {
+        let rest = &text[at + tag.len()..];
+        let stamp = text[..at].rsplit_once('[').map(|(_, s)| s.trim_start());
+        let printk = stamp.is_some_and(|s| {
+            s.split_once('.').is_some_and(|(secs, frac)| {
+                !secs.is_empty()
+                    && !frac.is_empty()
+                    && secs.bytes().all(|b| b.is_ascii_digit())
+                    && frac.bytes().all(|b| b.is_ascii_digit())
+            })
+        });
+        printk && TIMERS_STOPPED.iter().any(|t| rest.contains(t))
+    })
+}
+
 /// One test binary or step, as the log tells it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BinaryResult {
@@ -127,7 +147,7 @@ impl LogParser {
         if self.panic.is_none() && text.contains(PANIC) {
             self.panic = Some(text.trim().to_owned());
         }
-        if self.timers_stopped.is_none() && TIMERS_STOPPED.iter().any(|t| text.contains(t)) {
+        if self.timers_stopped.is_none() && says_timers_stopped(text) {
             self.timers_stopped = Some(text.trim().to_owned());
         }
         let Some(start) = text.find("VMTEST-") else {
@@ -421,6 +441,42 @@ mod tests {
                 line.trim()
             )
         );
+    }
+
+    #[test]
+    fn only_the_kernels_own_line_says_the_timers_stopped() {
+        for (text, kernel) in [
+            (
+                "[   57.267820] rcu: \tPossible timer handling issue on cpu=1 timer-softirq=488",
+                true,
+            ),
+            (
+                "[    5.1] rcu: rcu_preempt kthread timer wakeup didn't happen for 5251 jiffies!",
+                true,
+            ),
+            // After a test's output on the same console line.
+            (
+                "test t ... [  120.258602] rcu: \tPossible timer handling issue on cpu=1",
+                true,
+            ),
+            // Other RCU lines.
+            (
+                "[   57.235874] rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:",
+                false,
+            ),
+            // Quoted by QEMU, by a test, or without a printk timestamp.
+            ("qemu: Possible timer handling issue", false),
+            (
+                "assertion failed: log has Possible timer handling issue",
+                false,
+            ),
+            ("rcu: \tPossible timer handling issue on cpu=1", false),
+            ("[x.1] rcu: Possible timer handling issue", false),
+            ("[57.] rcu: Possible timer handling issue", false),
+            ("] rcu: Possible timer handling issue", false),
+        ] {
+            assert_eq!(says_timers_stopped(text), kernel, "{text}");
+        }
     }
 
     #[test]

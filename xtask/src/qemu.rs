@@ -356,6 +356,9 @@ pub fn boot(
         let kvm_log = log_dir.join(format!("{}-kvm.log", run.name()));
         fs::rename(&log, &kvm_log).with_context(|| format!("renaming {}", log.display()))?;
         let what = match attempt.status {
+            None if attempt.timers_stopped => {
+                "the guest's timers stopped before it reached /init".to_owned()
+            }
             Some(status) => format!("QEMU exited ({status}) before the guest reached /init"),
             None => format!(
                 "the guest did not reach /init within {} s",
@@ -411,7 +414,7 @@ fn repeat_after_a_crash(
         .map_or_else(String::new, |b| format!(" during {}", b.name));
     let note = format!(
         "{what} {:.0} s into the run{during} (log {}); the run was repeated once",
-        first.wall.as_secs_f64(),
+        first.ended.as_secs_f64(),
         crash_log.display()
     );
     eprintln!("vm-test: {note}");
@@ -444,6 +447,8 @@ struct Attempt {
     /// Killed once the guest said its timers stopped
     /// ([`LogParser::timers_stopped`]).
     timers_stopped: bool,
+    /// When QEMU was killed or exited (before its output drained).
+    ended: Duration,
 }
 
 impl Attempt {
@@ -751,6 +756,7 @@ fn attempt(
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
+    let ended = killed_after.unwrap_or_else(|| console.started.elapsed());
     let status = match killed_after {
         Some(after) => {
             let seconds = after.as_secs_f64();
@@ -811,6 +817,7 @@ fn attempt(
         alive: console.alive,
         started: console.started_guest,
         timers_stopped,
+        ended,
     })
 }
 
@@ -1191,13 +1198,26 @@ mod tests {
 
     #[test]
     fn a_guest_whose_timers_stop_twice_fails_the_run() {
-        let started = Instant::now();
-        let (boot, _) = fake_boot(
+        // Each attempt counts itself in $DIR/attempts.
+        let (dir, machine) = fake_machine(
             "timers-twice",
             &format!(
-                "echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; {TIMERS_STOPPED}; exec sleep 60"
+                "echo x >> $DIR/attempts; \
+                 echo VMTEST-INIT; echo VMTEST-BOOTED; echo VMTEST-BEGIN t; {TIMERS_STOPPED}; exec sleep 60"
             ),
         );
+        let started = Instant::now();
+        let boot = boot(
+            &machine,
+            RunKind::Plain,
+            Duration::from_secs(30),
+            &dir,
+            &mut AccelChooser::new(AccelPolicy::Tcg),
+        )
+        .unwrap();
+        let attempts = std::fs::read_to_string(dir.join("attempts")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(attempts.lines().count(), 2, "repeated once, not more");
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "{:?}",
