@@ -332,9 +332,10 @@ mod tests {
         }
     }
 
-    /// The measured path reads a plan back as [`CrcPlan::runs_on_crc_fast`]
-    /// says, and an unmeasured slot takes the cold path, which stores the
-    /// measured plan.
+    /// The measured path runs each length where the plan's [`Choice`]
+    /// says, a slot half stored by a racing first call runs one of the two
+    /// or the cold path, and an unmeasured slot takes the cold path, which
+    /// stores the measured plan.
     #[test]
     fn the_measured_path_runs_each_length_where_its_plan_says() {
         use Implementation::{Crc32c as Other, CrcFast as Fast};

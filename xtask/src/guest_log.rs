@@ -24,11 +24,11 @@ const PANIC: &str = "Kernel panic - not syncing";
 /// firing ("rcu_preempt kthread timer wakeup didn't happen for 5251
 /// jiffies! … Possible timer handling issue on cpu=1"). Seen once, under
 /// TCG with the host hog on (a CI vfio run on e06fd48): vCPU 1 idled and
-/// no timer interrupt reached it again for the 480 s the run had left, so
-/// a test waiting on a wake-up there hung to the run's timeout; seven
-/// other runs of that image never printed it. A guest whose clock stopped
-/// tests nothing more: [`crate::qemu`] stops it at once and repeats the
-/// run once.
+/// no timer interrupt reached it again for the ~480 s the run had left,
+/// so a test waiting on a wake-up there hung to the run's timeout; none of
+/// the eight other vfio-run logs on that machine printed it. A guest whose
+/// clock stopped tests nothing more: [`crate::qemu`] stops it at once and
+/// repeats the run once.
 const TIMERS_STOPPED: [&str; 2] = [
     "timer wakeup didn't happen",
     "Possible timer handling issue",
