@@ -123,6 +123,9 @@ struct VfioOpened {
 const VFIO_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Every compiled-in engine that works here, and what was found per kind.
+// One push a kind of engine, each behind its feature: no `vec![]` fits
+// every build.
+#[allow(clippy::vec_init_then_push)]
 async fn discover_engines() -> (Vec<SharedBackend>, Vec<EngineSearch>) {
     #[allow(unused_imports)]
     use crate::backend::Backend as _;
