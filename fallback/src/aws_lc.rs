@@ -7,10 +7,10 @@ use aws_lc_rs::cipher::{
 use aws_lc_rs::error::Unspecified;
 use aws_lc_rs::iv::FixedLength;
 
-use core::cell::Cell;
-
 use cipher::array::Array;
 use cipher::consts::U1;
+
+use crypto_offload_native::{AesDecryptBlock, AesEncryptBlock};
 
 use crate::block_cipher::KeySize;
 use crate::xts::{Block, BlockOp, Direction, Units};
@@ -60,86 +60,70 @@ pub(crate) fn decrypt_with_iv(
     key.decrypt(data, ctx).map(drop).map_err(failure)
 }
 
-/// AES-XTS for one short data unit, block by block on AWS-LC's AES-ECB (see
-/// `xts::SHORT_MAX` for why).
+/// AES-XTS for one short data unit, block by block on AWS-LC's single-block
+/// AES (`crypto_offload_native::AesEncryptBlock`; see `xts::SHORT_MAX` for
+/// why).
 pub(crate) struct XtsShort {
-    data_enc: EncryptingKey,
-    data_dec: DecryptingKey,
-    tweak: EncryptingKey,
+    data_enc: AesEncryptBlock,
+    data_dec: AesDecryptBlock,
+    tweak: AesEncryptBlock,
 }
 
 impl XtsShort {
     pub(crate) fn new(k1: &[u8], k2: &[u8], alg: &'static str) -> Result<Self, Error> {
-        let size = KeySize::from_len(k1.len()).ok_or(Error::KeyLength {
+        let err = |_| Error::KeyLength {
             alg,
             len: k1.len() * 2,
             expected: "32, 48 or 64 bytes (two AES keys)",
-        })?;
+        };
         Ok(XtsShort {
-            data_enc: cipher_key(k1, size, alg, EncryptingKey::ecb)?,
-            data_dec: cipher_key(k1, size, alg, DecryptingKey::ecb)?,
-            tweak: cipher_key(k2, size, alg, EncryptingKey::ecb)?,
+            data_enc: AesEncryptBlock::new(k1).map_err(err)?,
+            data_dec: AesDecryptBlock::new(k1).map_err(err)?,
+            tweak: AesEncryptBlock::new(k2).map_err(err)?,
         })
     }
 
     /// `T0`: the sequence number encrypted with Key2.
-    pub(crate) fn tweak(&self, sector: &[u8; 16]) -> Result<u128, Error> {
+    #[inline]
+    pub(crate) fn tweak(&self, sector: &[u8; 16]) -> u128 {
         let mut t0 = *sector;
-        self.tweak
-            .less_safe_encrypt(&mut t0, EncryptionContext::None)
-            .map_err(failure)?;
-        Ok(u128::from_le_bytes(t0))
+        self.tweak.encrypt(&mut t0);
+        u128::from_le_bytes(t0)
     }
 
     /// One whole data unit, given its `T0`.
-    pub(crate) fn run(&self, t0: u128, data: &mut [u8], dir: Direction) -> Result<(), Error> {
-        let op = Ecb {
-            enc: &self.data_enc,
-            dec: &self.data_dec,
-            dir,
-            failed: Cell::new(false),
-        };
+    #[inline]
+    pub(crate) fn run(&self, t0: u128, data: &mut [u8], dir: Direction) {
         let unit_len = data.len();
-        Units {
+        let units = Units {
             data,
             unit_len,
             tweaks: &[t0],
+        };
+        match dir {
+            Direction::Encrypt => units.process(&Ecb::Enc(&self.data_enc), dir),
+            Direction::Decrypt => units.process(&Ecb::Dec(&self.data_dec), dir),
         }
-        .process(&op, dir);
-        if op.failed.get() {
-            return Err(Error::ImplementationFailure(Implementation::AwsLc));
-        }
-        Ok(())
     }
 }
 
-/// AWS-LC's single-block AES as the XTS block operation; a failure (never
-/// seen: a 16-byte block is always valid) is recorded and reported.
-struct Ecb<'a> {
-    enc: &'a EncryptingKey,
-    dec: &'a DecryptingKey,
-    dir: Direction,
-    failed: Cell<bool>,
+/// AWS-LC's single-block AES as the XTS block operation.
+enum Ecb<'a> {
+    Enc(&'a AesEncryptBlock),
+    Dec(&'a AesDecryptBlock),
 }
 
 impl BlockOp<U1> for Ecb<'_> {
+    #[inline]
     fn par(&self, blocks: &mut Array<Block, U1>) {
         self.one(&mut blocks[0]);
     }
 
+    #[inline]
     fn one(&self, block: &mut Block) {
-        let ok = match self.dir {
-            Direction::Encrypt => self
-                .enc
-                .less_safe_encrypt(&mut block.0, EncryptionContext::None)
-                .is_ok(),
-            Direction::Decrypt => self
-                .dec
-                .decrypt(&mut block.0, DecryptionContext::None)
-                .is_ok(),
-        };
-        if !ok {
-            self.failed.set(true);
+        match self {
+            Ecb::Enc(k) => k.encrypt(&mut block.0),
+            Ecb::Dec(k) => k.decrypt(&mut block.0),
         }
     }
 }

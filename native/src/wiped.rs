@@ -23,6 +23,22 @@ impl<T> Wiped<T> {
             slot: Box::new(MaybeUninit::new(value)),
         }
     }
+
+    /// Moves `value` onto the heap and lets `fill` write it there before
+    /// anything reads it: for a value that is built in place (a foreign
+    /// key schedule that a C function expands into its memory), so that
+    /// no copy of the finished value is ever left outside the box. When
+    /// `fill` fails the box is wiped and freed.
+    ///
+    /// # Errors
+    /// `fill`'s.
+    pub fn new_with<E>(value: T, fill: impl FnOnce(&mut T) -> Result<(), E>) -> Result<Self, E> {
+        let mut wiped = Wiped::new(value);
+        // SAFETY: initialised by `new` just above; this is the only
+        // reference (`wiped` is not shared yet), and it ends with `fill`.
+        fill(unsafe { wiped.slot.assume_init_mut() })?;
+        Ok(wiped)
+    }
 }
 
 impl<T> Deref for Wiped<T> {

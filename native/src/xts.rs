@@ -6,12 +6,19 @@
 //! An `EVP_CIPHER_CTX` holds the key schedules *and* the current data
 //! unit's tweak, so one context cannot serve two threads at once. [`Xts256`]
 //! keeps one keyed context as a template that is never run, and runs each
-//! request on a context of its own: one taken from a few spare slots (an
-//! atomic swap, no lock), or a copy of the template when every slot is
-//! empty (more requests at once than slots; the copy is put back in a slot
-//! afterwards, or freed when they are all full). Each data unit re-arms the
-//! context with its tweak only: the key schedule is made once, in
-//! [`Xts256::new`].
+//! request on a context of its own: the one in the first of a few slots
+//! that holds an idle one, or a copy of the template when every slot's is
+//! in use (more requests at once than slots; the copy is freed
+//! afterwards). Each data unit re-arms the context with its tweak only: the
+//! key schedule is made once, in [`Xts256::new`].
+//!
+//! A slot owns one context for its life (copied from the template the first
+//! time the slot is taken). Taking it is one atomic swap that leaves the
+//! slot empty; only the request that took it puts it back, with a plain
+//! store, since nothing else writes an empty slot. An earlier version
+//! returned contexts with a compare-and-swap into any empty slot: the two
+//! locked instructions cost ~20 ns a request on an Intel Xeon (family 6
+//! model 207; a swap and a store ~9), a third of a 64-byte request.
 //!
 //! With AWS-LC's default allocator the key schedules are wiped when a
 //! context is freed (`OPENSSL_free` cleanses every allocation it returns);
@@ -19,15 +26,14 @@
 //! unwiped in its free hook (`tests/xts_review.rs` shows it). The key this
 //! crate is given stays the caller's.
 
-use core::ffi::c_int;
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicPtr, Ordering};
 
 use subtle::ConstantTimeEq;
 
 use aws_lc_sys::{
-    EVP_CIPHER_CTX, EVP_CIPHER_CTX_copy, EVP_CIPHER_CTX_free, EVP_CIPHER_CTX_new,
-    EVP_CipherInit_ex, EVP_CipherUpdate, EVP_aes_256_xts,
+    CRYPTO_library_init, EVP_CIPHER_CTX, EVP_CIPHER_CTX_copy, EVP_CIPHER_CTX_free,
+    EVP_CIPHER_CTX_new, EVP_Cipher, EVP_CipherInit_ex, EVP_aes_256_xts,
 };
 
 /// Why an [`Xts256`] call did nothing.
@@ -141,21 +147,65 @@ enum Direction {
     Decrypt,
 }
 
-/// How many idle contexts a direction keeps: more requests at once than
-/// this copy the template (~0.1 µs here) and free the copy afterwards.
+/// How many contexts a direction keeps for reuse: more requests at once
+/// than this copy the template (~0.1 µs here) and free the copy afterwards.
 const SPARES: usize = 4;
 
-/// One direction's contexts: a keyed template and the idle spares.
+/// One direction's contexts: a keyed template and the slots.
 struct Contexts {
     /// Keyed, never run, never handed out: only read (copied) after `new`.
     template: Ctx,
-    /// Idle keyed contexts; null where empty. A context is owned by whoever
-    /// swapped it out of its slot.
-    spares: [AtomicPtr<EVP_CIPHER_CTX>; SPARES],
+    /// Each slot is [`unfilled`] until a request first takes it, then its
+    /// own context while idle and null while a request runs on it. A
+    /// context a request failed on is freed and its slot left unfilled.
+    slots: [AtomicPtr<EVP_CIPHER_CTX>; SPARES],
+}
+
+/// What [`unfilled`] points to: a static's address, which no allocator
+/// can return for a context.
+static UNFILLED: u8 = 0;
+
+/// The mark of a slot that holds no context and is not taken: never
+/// dereferenced or freed.
+fn unfilled() -> *mut EVP_CIPHER_CTX {
+    ptr::from_ref(&UNFILLED).cast_mut().cast()
+}
+
+/// A context a request runs on: a slot's, which [`Taken::give_back`] puts
+/// back in its slot, or a copy of the template. Dropped otherwise (the
+/// request failed, or unwound), it frees the context and leaves its slot
+/// unfilled, for a later request to fill with a fresh copy.
+struct Taken<'a> {
+    ctx: NonNull<EVP_CIPHER_CTX>,
+    slot: Option<&'a AtomicPtr<EVP_CIPHER_CTX>>,
+}
+
+impl Taken<'_> {
+    /// Puts a slot's context back in its slot (which stayed empty while it
+    /// was out: no one else writes an empty slot), or frees a copy.
+    fn give_back(self) {
+        if let Some(slot) = self.slot {
+            slot.store(self.ctx.as_ptr(), Ordering::Release);
+            core::mem::forget(self);
+        }
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            slot.store(unfilled(), Ordering::Release);
+        }
+        drop(Ctx(self.ctx));
+    }
 }
 
 impl Contexts {
     fn new(key: &[u8; 64], dir: Direction) -> Result<Self, XtsError> {
+        // The CPU features AWS-LC runs by, read before the key schedules
+        // are laid out for them (`aes_block::expand` says why).
+        // SAFETY: no preconditions; idempotent and thread-safe.
+        unsafe { CRYPTO_library_init() };
         let template = Ctx::new()?;
         let enc = match dir {
             Direction::Encrypt => 1,
@@ -180,17 +230,42 @@ impl Contexts {
         }
         Ok(Contexts {
             template,
-            spares: Default::default(),
+            slots: core::array::from_fn(|_| AtomicPtr::new(unfilled())),
         })
     }
 
-    /// An idle context, or a fresh copy of the template.
-    fn take(&self) -> Result<Ctx, XtsError> {
-        for slot in &self.spares {
-            if let Some(p) = NonNull::new(slot.swap(ptr::null_mut(), Ordering::Acquire)) {
-                return Ok(Ctx(p));
+    /// The first idle slot's context, or a copy of the template.
+    fn take(&self) -> Result<Taken<'_>, XtsError> {
+        for slot in &self.slots {
+            let p = slot.swap(ptr::null_mut(), Ordering::Acquire);
+            if p == unfilled() {
+                // This request fills the slot: it alone writes it now.
+                return match self.copy() {
+                    Ok(ctx) => Ok(Taken {
+                        ctx: into_raw(ctx),
+                        slot: Some(slot),
+                    }),
+                    Err(e) => {
+                        slot.store(unfilled(), Ordering::Release);
+                        Err(e)
+                    }
+                };
+            }
+            if let Some(ctx) = NonNull::new(p) {
+                return Ok(Taken {
+                    ctx,
+                    slot: Some(slot),
+                });
             }
         }
+        Ok(Taken {
+            ctx: into_raw(self.copy()?),
+            slot: None,
+        })
+    }
+
+    /// A keyed context of its own: a copy of the template.
+    fn copy(&self) -> Result<Ctx, XtsError> {
         let ctx = Ctx::new()?;
         // SAFETY: `ctx` is a live, fresh context owned here; the template is
         // live and keyed, and only read: EVP_CIPHER_CTX_copy takes it as
@@ -204,28 +279,19 @@ impl Contexts {
         Ok(ctx)
     }
 
-    /// Puts `ctx` back in an empty slot, or frees it.
-    fn give_back(&self, ctx: Ctx) {
-        let p = ctx.0.as_ptr();
-        for slot in &self.spares {
-            if slot
-                .compare_exchange(ptr::null_mut(), p, Ordering::Release, Ordering::Relaxed)
-                .is_ok()
-            {
-                core::mem::forget(ctx);
-                return;
-            }
-        }
-        drop(ctx);
-    }
-
     fn run(
         &self,
         first_tweak: &[u8; 16],
         unit_len: usize,
         data: &mut [u8],
     ) -> Result<(), XtsError> {
-        if !(16..=Xts256::MAX_UNIT).contains(&unit_len) || !data.len().is_multiple_of(unit_len) {
+        // A lone unit (the usual request) is told apart without a
+        // division: a 64-bit `div` is 5 ns or more, a tenth of a short
+        // request, and the loop over several units pays another.
+        let lone = data.len() == unit_len;
+        if !(16..=Xts256::MAX_UNIT).contains(&unit_len)
+            || !(lone || data.len().is_multiple_of(unit_len))
+        {
             return Err(XtsError::UnitLength {
                 unit_len,
                 len: data.len(),
@@ -234,51 +300,68 @@ impl Contexts {
         if data.is_empty() {
             return Ok(());
         }
-        let len = c_int::try_from(unit_len).map_err(|_| XtsError::Failed)?;
-        let ctx = self.take()?;
-        let mut sector = u128::from_le_bytes(*first_tweak);
-        for unit in data.chunks_exact_mut(unit_len) {
-            let tweak = sector.to_le_bytes();
-            sector = sector.wrapping_add(1);
-            // SAFETY: `ctx` is a live context keyed for this direction and
-            // owned by this call; a null cipher, engine and key keep the
-            // key schedules, `tweak` is the 16 bytes XTS reads as its IV,
-            // and -1 keeps the context's direction.
-            let armed = unsafe {
-                EVP_CipherInit_ex(
-                    ctx.0.as_ptr(),
-                    ptr::null(),
-                    ptr::null_mut(),
-                    ptr::null(),
-                    tweak.as_ptr(),
-                    -1,
-                )
-            };
-            if armed != 1 {
-                return Err(XtsError::Failed);
-            }
-            let mut written: c_int = 0;
-            let p = unit.as_mut_ptr();
-            // SAFETY: `ctx` is armed with this unit's tweak (above); `p` is
-            // valid for reads and writes of `len` bytes (16 to 2^24, checked
-            // above) and is both input and output: AWS-LC's XTS reads each
-            // block before it writes it, and with a block size of 1 it writes
-            // exactly `len` bytes; `written` is a valid out-pointer.
-            let ok = unsafe { EVP_CipherUpdate(ctx.0.as_ptr(), p, &mut written, p, len) };
-            if ok != 1 || written != len {
-                // A context that failed is freed, not reused.
-                return Err(XtsError::Failed);
-            }
+        let taken = self.take()?;
+        let ctx = taken.ctx.as_ptr();
+        let ok = if lone {
+            run_unit(ctx, first_tweak, data)
+        } else {
+            let mut sector = u128::from_le_bytes(*first_tweak);
+            data.chunks_exact_mut(unit_len).all(|unit| {
+                let tweak = sector.to_le_bytes();
+                sector = sector.wrapping_add(1);
+                run_unit(ctx, &tweak, unit)
+            })
+        };
+        if ok {
+            taken.give_back();
+            Ok(())
+        } else {
+            // A context that failed is freed, not reused (`Taken`'s drop).
+            Err(XtsError::Failed)
         }
-        self.give_back(ctx);
-        Ok(())
     }
+}
+
+/// Runs one data unit of 16 to [`Xts256::MAX_UNIT`] bytes in place on
+/// `ctx`, a live keyed context this call alone uses; whether AWS-LC
+/// reported success.
+#[inline(always)]
+fn run_unit(ctx: *mut EVP_CIPHER_CTX, tweak: &[u8; 16], unit: &mut [u8]) -> bool {
+    // SAFETY: `ctx` is a live context keyed for this direction and owned
+    // by this call (taken out of its slot, or a copy); a null cipher,
+    // engine and key keep the key schedules, `tweak` is the 16 bytes XTS
+    // reads as its IV, and -1 keeps the context's direction.
+    let armed = unsafe {
+        EVP_CipherInit_ex(
+            ctx,
+            ptr::null(),
+            ptr::null_mut(),
+            ptr::null(),
+            tweak.as_ptr(),
+            -1,
+        )
+    };
+    if armed != 1 {
+        return false;
+    }
+    let p = unit.as_mut_ptr();
+    // EVP_Cipher calls the cipher directly; EVP_CipherUpdate would first
+    // go through the buffering for partial blocks that XTS (block size 1,
+    // the whole unit in one call) never uses.
+    // SAFETY: `ctx` is armed with this unit's tweak (above); `p` is valid
+    // for reads and writes of `unit.len()` bytes (16 to 2^24) and is both
+    // input and output: AWS-LC's XTS reads each block before it writes it,
+    // and writes exactly `unit.len()` bytes.
+    unsafe { EVP_Cipher(ctx, p, p, unit.len()) == 1 }
 }
 
 impl Drop for Contexts {
     fn drop(&mut self) {
-        for slot in &mut self.spares {
-            if let Some(p) = NonNull::new(*slot.get_mut()) {
+        for slot in &mut self.slots {
+            let p = *slot.get_mut();
+            if p != unfilled()
+                && let Some(p) = NonNull::new(p)
+            {
                 drop(Ctx(p));
             }
         }
@@ -291,14 +374,27 @@ struct Ctx(NonNull<EVP_CIPHER_CTX>);
 impl Ctx {
     fn new() -> Result<Self, XtsError> {
         // SAFETY: no preconditions; the result is an owned context or null.
-        NonNull::new(unsafe { EVP_CIPHER_CTX_new() })
+        let ctx = NonNull::new(unsafe { EVP_CIPHER_CTX_new() })
             .map(Ctx)
-            .ok_or(XtsError::Failed)
+            .ok_or(XtsError::Failed)?;
+        #[cfg(test)]
+        tests::LIVE.fetch_add(1, Ordering::SeqCst);
+        Ok(ctx)
     }
+}
+
+/// The context `ctx` owned, now owned by the caller (a slot or a
+/// [`Taken`]).
+fn into_raw(ctx: Ctx) -> NonNull<EVP_CIPHER_CTX> {
+    let p = ctx.0;
+    core::mem::forget(ctx);
+    p
 }
 
 impl Drop for Ctx {
     fn drop(&mut self) {
+        #[cfg(test)]
+        tests::LIVE.fetch_sub(1, Ordering::SeqCst);
         // SAFETY: the context is live and owned by this value alone (never
         // in a slot while a `Ctx` holds it); it is not used afterwards.
         unsafe { EVP_CIPHER_CTX_free(self.0.as_ptr()) }
@@ -310,13 +406,83 @@ impl Drop for Ctx {
 unsafe impl Send for Ctx {}
 
 // SAFETY: `Contexts` shares only the template across threads, and only for
-// reading (EVP_CIPHER_CTX_copy, see `take`); every context that is run is
-// owned by one call at a time (moved out of its slot by an atomic swap).
+// reading (EVP_CIPHER_CTX_copy, see `copy`); every context that is run is
+// owned by one call at a time (moved out of its slot by an atomic swap,
+// which leaves the slot empty until that call stores it back).
 unsafe impl Sync for Contexts {}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use core::sync::atomic::AtomicIsize;
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    /// Contexts alive in this test process (made by `Ctx::new`, not yet
+    /// freed).
+    pub(super) static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+    /// Threads taking and returning contexts as fast as they can, one in
+    /// eleven dropped as a failed request drops it: no context is ever
+    /// held by two requests at once, every result is right, and dropping
+    /// the key frees every context made (none leaked or freed twice).
+    #[test]
+    fn slots_under_contention_are_never_shared_and_all_freed() {
+        let _one = serial();
+        let before = LIVE.load(Ordering::SeqCst);
+        let xts = Xts256::new(&key()).unwrap();
+        let mut want = [7u8; 16];
+        xts.encrypt_units(&[1; 16], 16, &mut want).unwrap();
+        let owned = Mutex::new(HashSet::<usize>::new());
+        let c = &xts.enc;
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let owned = &owned;
+                s.spawn(move || {
+                    let mut x = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                    for _ in 0..20_000 {
+                        let taken = c.take().unwrap();
+                        let p = taken.ctx.as_ptr() as usize;
+                        assert_ne!(p, unfilled() as usize);
+                        assert!(owned.lock().unwrap().insert(p), "two owners of {p:#x}");
+                        let mut d = [7u8; 16];
+                        assert!(run_unit(taken.ctx.as_ptr(), &[1; 16], &mut d));
+                        assert_eq!(d, want);
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        if x % 3 == 0 {
+                            std::thread::yield_now();
+                        }
+                        assert!(owned.lock().unwrap().remove(&p));
+                        if x % 11 == 0 {
+                            drop(taken);
+                        } else {
+                            taken.give_back();
+                        }
+                    }
+                });
+            }
+        });
+        assert!(c.slots.iter().all(|s| !s.load(Ordering::Acquire).is_null()));
+        let live = LIVE.load(Ordering::SeqCst) - before;
+        // Two templates and at most every slot of both directions.
+        assert!(live <= 2 + 2 * SPARES as isize, "{live} contexts live");
+        drop(xts);
+        assert_eq!(
+            LIVE.load(Ordering::SeqCst),
+            before,
+            "contexts leaked or freed twice"
+        );
+    }
+
+    /// The tests here make contexts, and one counts them all: they run
+    /// one at a time.
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static SERIAL: Mutex<()> = Mutex::new(());
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
     fn key() -> [u8; 64] {
         core::array::from_fn(|i| i as u8)
@@ -325,6 +491,7 @@ mod tests {
     /// IEEE 1619-2007 vector 10 (XTS-AES-256, 512-byte unit, tweak 0xff).
     #[test]
     fn ieee_1619_vector_10() {
+        let _one = serial();
         let key: [u8; 64] = hex(concat!(
             "2718281828459045235360287471352662497757247093699959574966967627",
             "3141592653589793238462643383279502884197169399375105820974944592"
@@ -360,6 +527,7 @@ mod tests {
     /// are refused.
     #[test]
     fn bad_lengths_and_equal_halves_are_refused() {
+        let _one = serial();
         let xts = Xts256::new(&key()).unwrap();
         for (unit, len) in [
             (15, 15),
@@ -386,6 +554,7 @@ mod tests {
     /// tweaks (wrapping at 2^128), for whole-block and stolen lengths.
     #[test]
     fn a_run_of_units_is_units_one_by_one() {
+        let _one = serial();
         let xts = Xts256::new(&key()).unwrap();
         for unit in [16, 17, 31, 512, 520, 4096] {
             let first = u128::MAX - 1;
@@ -406,9 +575,80 @@ mod tests {
         }
     }
 
+    fn filled(c: &Contexts) -> Vec<bool> {
+        c.slots
+            .iter()
+            .map(|s| {
+                let p = s.load(Ordering::Acquire);
+                assert!(!p.is_null(), "a slot left empty with no request running");
+                p != unfilled()
+            })
+            .collect()
+    }
+
+    /// One caller at a time runs on the first slot's context, made the
+    /// first time and reused after; the other slots stay unfilled.
+    #[test]
+    fn one_caller_at_a_time_reuses_the_first_slot() {
+        let _one = serial();
+        let xts = Xts256::new(&key()).unwrap();
+        assert_eq!(filled(&xts.enc), [false; SPARES]);
+        let first = {
+            let mut data = [3u8; 64];
+            xts.encrypt_units(&[0; 16], 32, &mut data).unwrap();
+            xts.enc.slots[0].load(Ordering::Acquire)
+        };
+        for _ in 0..3 {
+            let mut data = [3u8; 48];
+            xts.encrypt_units(&[1; 16], 48, &mut data).unwrap();
+        }
+        assert_eq!(xts.enc.slots[0].load(Ordering::Acquire), first);
+        let mut want = [false; SPARES];
+        want[0] = true;
+        assert_eq!(filled(&xts.enc), want);
+        assert_eq!(filled(&xts.dec), [false; SPARES]);
+    }
+
+    /// Requests in flight take the slots in order, then copies (no slot);
+    /// each slot gets its own context back. A context dropped after a
+    /// failure (or an unwind) leaves its slot unfilled, and the next
+    /// request there makes a fresh copy that gives the same bytes.
+    #[test]
+    fn slots_fill_in_order_and_a_discarded_context_is_replaced() {
+        let _one = serial();
+        let xts = Xts256::new(&key()).unwrap();
+        let mut want = [5u8; 40];
+        xts.encrypt_units(&[9; 16], 40, &mut want).unwrap();
+        let c = &xts.enc;
+        let taken: Vec<Taken<'_>> = (0..SPARES + 2).map(|_| c.take().unwrap()).collect();
+        for (i, t) in taken.iter().enumerate() {
+            match t.slot {
+                Some(slot) => assert!(core::ptr::eq(slot, &c.slots[i])),
+                None => assert!(i >= SPARES),
+            }
+        }
+        assert!(c.slots.iter().all(|s| s.load(Ordering::Acquire).is_null()));
+        let ptrs: Vec<_> = taken.iter().map(|t| t.ctx.as_ptr()).collect();
+        let mut taken = taken.into_iter();
+        // What a failed request does with its context: drops it.
+        drop(taken.next().unwrap());
+        for t in taken {
+            t.give_back();
+        }
+        assert_eq!(c.slots[0].load(Ordering::Acquire), unfilled());
+        for (slot, p) in c.slots.iter().zip(&ptrs).skip(1) {
+            assert_eq!(slot.load(Ordering::Acquire), *p);
+        }
+        let mut again = [5u8; 40];
+        xts.encrypt_units(&[9; 16], 40, &mut again).unwrap();
+        assert_eq!(again, want);
+        assert_eq!(filled(c), [true; SPARES]);
+    }
+
     /// More threads at once than spare contexts: every result right.
     #[test]
     fn more_callers_at_once_than_spare_contexts() {
+        let _one = serial();
         let xts = Xts256::new(&key()).unwrap();
         let mut want = vec![1u8; 4096];
         xts.encrypt_units(&[0; 16], 512, &mut want).unwrap();

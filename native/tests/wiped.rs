@@ -92,3 +92,44 @@ fn a_dropped_value_goes_back_to_the_allocator_zeroed() {
     );
     assert_eq!(ZEROED[1].load(Ordering::SeqCst), 0);
 }
+
+mod new_with {
+    use crypto_offload_native::Wiped;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static DROPS: AtomicUsize = AtomicUsize::new(0);
+
+    struct D(u64);
+
+    impl Drop for D {
+        fn drop(&mut self) {
+            DROPS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A value filled in its box is dropped exactly once: when the fill
+    /// fails, when it panics, and when the box is dropped after a fill
+    /// that worked (whose writes it keeps).
+    #[test]
+    fn the_value_is_dropped_once_whether_the_fill_fails_panics_or_works() {
+        let r = Wiped::new_with(D(1), |d| {
+            d.0 = 5;
+            Err::<(), _>("no")
+        });
+        assert!(r.is_err());
+        assert_eq!(DROPS.load(Ordering::SeqCst), 1);
+        let p = std::panic::catch_unwind(|| {
+            let _ = Wiped::new_with(D(2), |_| -> Result<(), ()> { panic!("fill") });
+        });
+        assert!(p.is_err());
+        assert_eq!(DROPS.load(Ordering::SeqCst), 2);
+        let w = Wiped::new_with(D(3), |d| {
+            d.0 = 9;
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(w.0, 9);
+        drop(w);
+        assert_eq!(DROPS.load(Ordering::SeqCst), 3);
+    }
+}
