@@ -42,7 +42,8 @@ pub struct Xts {
     data: Aes,
     tweak: Aes,
     /// AWS-LC's single-block AES for lone units under [`SHORT_MAX`] bytes
-    /// (any key size), when the choice gives small requests to AWS-LC.
+    /// ([`SHORT_MAX_BESIDE_EVP`] beside `evp`), when the choice gives small
+    /// requests to AWS-LC.
     #[cfg(feature = "aws-lc")]
     short: Option<crate::aws_lc::XtsShort>,
     /// AWS-LC's XTS, when the key is XTS-AES-256 and the choice takes it
@@ -248,9 +249,11 @@ impl Xts {
     #[cfg(feature = "aws-lc")]
     #[inline]
     fn short_for(&self, len: usize) -> Option<&crate::aws_lc::XtsShort> {
-        self.short
-            .as_ref()
-            .filter(|_| (16..SHORT_MAX).contains(&len))
+        let max = match self.evp {
+            Some(_) => SHORT_MAX_BESIDE_EVP,
+            None => SHORT_MAX,
+        };
+        self.short.as_ref().filter(|_| (16..max).contains(&len))
     }
 
     /// AWS-LC's XTS, if it runs a `len`-byte request of `unit_len`-byte
@@ -331,18 +334,24 @@ impl Xts {
 }
 
 /// The `aes` crate spends ~50 ns per call broadcasting round keys on
-/// VAES-512 machines, and XTS makes two calls (Key2 for the tweak, Key1 for
-/// the data): 170 ns for a 16-byte unit. With the `aws-lc` feature the
-/// single-block tweak encryption of a lone unit runs on AWS-LC's AES
-/// (`AES_encrypt` through `crypto_offload_native::AesEncryptBlock`, ~16 ns
-/// a block), and when small requests go to AWS-LC so does the whole of a
-/// unit shorter than this, for every key size: 49–53 ns for 16 bytes on an
-/// Intel Xeon (family 6 model 207), where AWS-LC's EVP XTS takes 45–51
-/// driven directly and a few ns more through
-/// `crypto_offload_native::Xts256` (a context taken and put back). Blocks one call each do not overlap, so from two whole
-/// blocks AWS-LC's EVP XTS (which runs 4–8 at once) is ahead.
+/// VAES-512 machines (~100 on an Intel Xeon, family 6 model 207), and XTS
+/// makes two calls (Key2 for the tweak, Key1 for the data): 170–200 ns for
+/// a 16-byte unit. With the `aws-lc` feature the single-block tweak
+/// encryption of a lone unit runs on AWS-LC's AES (`AES_encrypt` through
+/// `crypto_offload_native::AesEncryptBlock`, ~16 ns a block), and when
+/// small requests go to AWS-LC so does the whole of a unit shorter than
+/// this (~100 ns for 17–31 bytes, three blocks one after another),
+/// where the key has no AWS-LC XTS (XTS-AES-128 and -192).
 #[cfg(feature = "aws-lc")]
 const SHORT_MAX: usize = 32;
+
+/// [`SHORT_MAX`] for a key that AWS-LC's EVP XTS also runs: only a unit
+/// of one whole block, 54–56 ns on the Xeon above against 49–61 for EVP
+/// XTS driven directly. With ciphertext stealing (17–31 bytes) EVP XTS
+/// is ahead, 82–88 ns through `crypto_offload_native::Xts256` against
+/// ~100 (its AES rounds for the blocks overlap; one call a block does not).
+#[cfg(feature = "aws-lc")]
+const SHORT_MAX_BESIDE_EVP: usize = 17;
 
 #[derive(Clone, Copy)]
 pub(crate) enum Direction {
