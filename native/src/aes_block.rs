@@ -139,13 +139,7 @@ impl core::fmt::Debug for AesDecryptBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use crate::hex;
 
     /// FIPS-197 appendix C: every key size, both directions.
     #[test]

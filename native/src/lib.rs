@@ -13,3 +13,12 @@ pub use aes_block::{AesDecryptBlock, AesEncryptBlock, AesKeyLength};
 pub use wiped::Wiped;
 #[cfg(feature = "aws-lc")]
 pub use xts::{Xts256, XtsError};
+
+/// Bytes from hex digits (the unit tests' vectors).
+#[cfg(all(test, feature = "aws-lc"))]
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}

@@ -414,6 +414,7 @@ unsafe impl Sync for Contexts {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hex;
 
     use core::sync::atomic::AtomicIsize;
     use std::collections::HashSet;
@@ -514,13 +515,6 @@ mod tests {
         xts.decrypt_units(&0xffu128.to_le_bytes(), 512, &mut data)
             .unwrap();
         assert_eq!(data, plain);
-    }
-
-    fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
     }
 
     /// Bad lengths are refused before anything is touched; equal halves
