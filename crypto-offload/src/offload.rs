@@ -605,8 +605,8 @@ impl Offload {
                     unavailable,
                     power: slot.backend().and_then(|b| b.power()).map(|p| p.stats()),
                     stats: BackendStats {
-                        requests: c.requests.load(Ordering::Relaxed),
-                        bytes: c.bytes.load(Ordering::Relaxed),
+                        requests: c.requests(),
+                        bytes: c.bytes(),
                         failures: c.failures.load(Ordering::Relaxed),
                         replayed: c.replayed.load(Ordering::Relaxed),
                         breaker_opened: slot.breaker.opened.load(Ordering::Relaxed),
