@@ -48,7 +48,13 @@ impl SlotId {
 /// `fetch_add`s (`lock xadd`, ~9–10 ns each uncontended on an Intel Xeon
 /// family 6 model 207, and a cache line bounced between cores under
 /// load) were a third of a session's overhead on a 16-byte request there.
-#[derive(Debug, Default)]
+///
+/// A thread's tally stays until the `Offload` is dropped (256 bytes with
+/// its flag), and `thread_local` groups ids in buckets of powers of two:
+/// the first request on a thread whose id is `k` allocates up to
+/// `256·(k + 1)` bytes a slot (64 KiB at id 255; ~128 KiB for the last
+/// threads of a process that runs 512). Ids are reused lowest first.
+#[derive(Default)]
 pub(crate) struct Counters {
     served: ThreadLocal<Tally>,
     pub(crate) failures: AtomicU64,
@@ -76,6 +82,17 @@ impl Tally {
             counter.load(Ordering::Relaxed).wrapping_add(n),
             Ordering::Relaxed,
         );
+    }
+}
+
+impl core::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Counters")
+            .field("requests", &self.requests())
+            .field("bytes", &self.bytes())
+            .field("failures", &self.failures)
+            .field("replayed", &self.replayed)
+            .finish()
     }
 }
 
@@ -492,5 +509,44 @@ mod tests {
             .sum();
         assert_eq!(counters.requests(), 1 + 3 * 8 * 1000);
         assert_eq!(counters.bytes(), 5 + bytes);
+        let shown = format!("{counters:?}");
+        assert!(shown.contains("requests: 24001"), "{shown}");
+    }
+
+    /// A reader never sees the sums go down or past the truth while
+    /// threads serve, exit and are replaced by threads that reuse their
+    /// ids, and sees every request once they are done.
+    #[test]
+    fn counters_read_while_threads_come_and_go_only_grow() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let counters = Counters::default();
+        let done = AtomicBool::new(false);
+        let (waves, threads, each) = (20u64, 4u64, 500u64);
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let (mut requests, mut bytes, mut reads) = (0, 0, 0u64);
+                while !done.load(Ordering::Acquire) || reads == 0 {
+                    let (r, b) = (counters.requests(), counters.bytes());
+                    assert!(
+                        r >= requests && b >= bytes,
+                        "{r} < {requests} or {b} < {bytes}"
+                    );
+                    assert!(r <= waves * threads * each && b <= 3 * waves * threads * each);
+                    (requests, bytes, reads) = (r, b, reads + 1);
+                }
+                reads
+            });
+            for _ in 0..waves {
+                std::thread::scope(|w| {
+                    for _ in 0..threads {
+                        w.spawn(|| (0..each).for_each(|_| counters.served(3)));
+                    }
+                });
+            }
+            done.store(true, Ordering::Release);
+            assert!(reader.join().expect("the reader") > 0);
+        });
+        assert_eq!(counters.requests(), waves * threads * each);
+        assert_eq!(counters.bytes(), 3 * waves * threads * each);
     }
 }
