@@ -382,8 +382,8 @@ pub const fn default_choice(mode: Mode) -> Choice {
 
 /// The choice a measurement of `mode` keeps unless a candidate beats it by
 /// the [`MARGIN`]: [`default_choice`], with the large class of the two
-/// CRC-32s seeded from the CPU's features, and GCM's small class from the
-/// CPU's make.
+/// CRC-32s seeded from the CPU's features, and GCM's small class from
+/// VAES and AVX2.
 ///
 /// crc-fast's large-input CRC-32 code is AVX-512 (`avx512vl` and
 /// `vpclmulqdq`); without it, crc32fast's folding and the `crc32c` crate's
@@ -406,11 +406,21 @@ pub const fn default_choice(mode: Mode) -> Choice {
 /// processes of GCM alone and 4 of 500 of every mode (`choice-stability
 /// --runs 500 --fresh`, 2026-12-04): in those, ring measured 80–86 ns at
 /// 16 B through all three batches (a slow level of its own that lasts the
-/// measurement; aws-lc 88–89), gains of 1.04–1.10, not over the margin. So on AMD
-/// family 25 (Zen 3 and Zen 4) with VAES and AVX2 the small class is seeded
-/// with ring, which aws-lc must then beat by the margin. In another 1000
-/// fresh processes so seeded, all chose ring; the old default would have
-/// strayed in 8 of them, and aws-lc's best gain over ring was 0.92.
+/// measurement; aws-lc 88–89), gains of 1.04–1.10, not over the margin. So
+/// on every CPU with VAES and AVX2 the small class is seeded with ring,
+/// which aws-lc must then beat by the margin. In another 1000 fresh
+/// processes so seeded on Zen 4, all chose ring; the old default would
+/// have strayed in 8 of them, and aws-lc's best gain over ring was 0.92.
+///
+/// On an Intel Xeon family 6 model 207 (AVX-512) the two are a near tie at
+/// 16–64 B and ring leads by ~1.3× at 256 B (aws-lc runs CTR and GHASH as
+/// two passes under 288 B); aws-lc's AVX-512 code, cold at the start of
+/// each timed batch, measured 137–148 ns at 16 B against ring's 92–112
+/// (~67–73 warm). Against aws-lc as the default, fresh processes chose
+/// ring in 169 and 32 of 200 (`choice-stability --runs 200 --fresh --mode
+/// gcm --limits 3`, two runs minutes apart, 2026-12-05), and those on
+/// aws-lc ran 256 B at ~0.77 of ring. Seeded with ring there: 0 of 400,
+/// and 0 of 200 beside a busy loop on the other core.
 pub fn seeded_choice(mode: Mode) -> Choice {
     let default = default_choice(mode);
     match mode {
@@ -430,30 +440,18 @@ pub fn seeded_choice(mode: Mode) -> Choice {
     }
 }
 
-/// Whether the CPU is one on which ring's VAES + AVX2 GCM was measured the
-/// fastest for small requests: AMD family 25 (Zen 3, Zen 4) with VAES and
-/// AVX2 ([`seeded_choice`]). Read from `/proc/cpuinfo`; false where it
-/// cannot be read.
+/// Whether ring's VAES + AVX2 GCM is the seed for small requests: on every
+/// x86-64 CPU with VAES and AVX2 ([`seeded_choice`]).
 #[cfg(feature = "ring")]
 fn ring_leads_small_gcm() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("vaes")
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| amd_family_25(&info))
+        std::arch::is_x86_feature_detected!("vaes") && std::arch::is_x86_feature_detected!("avx2")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
     }
-}
-
-/// Whether the first processor in `cpuinfo` (the text of `/proc/cpuinfo`)
-/// is an AMD of family 25 (Zen 3, Zen 4).
-#[cfg(feature = "ring")]
-fn amd_family_25(cpuinfo: &str) -> bool {
-    cpuinfo_field(cpuinfo, "vendor_id") == Some("AuthenticAMD")
-        && cpuinfo_field(cpuinfo, "cpu family").and_then(|f| f.parse::<u32>().ok()) == Some(25)
 }
 
 /// The value of `key` for the first processor in `cpuinfo` (the text of
@@ -1325,7 +1323,7 @@ mod tests {
     }
 
     /// The CRC-32s' large class is seeded by whether crc-fast has its
-    /// AVX-512 code here, GCM's small class by the CPU's make; the other
+    /// AVX-512 code here, GCM's small class by VAES and AVX2; the other
     /// classes and every other AES mode keep the build's default.
     #[test]
     fn the_crc32_seeds_follow_crc_fast_s_wide_code() {
@@ -1365,7 +1363,7 @@ mod tests {
     /// the whole measurement (2026-12-04): against aws-lc as the default
     /// its small gain (1.035) is under the margin and aws-lc kept small
     /// requests, which it runs at 0.8× ring's in every other process;
-    /// seeded with ring, as [`seeded_choice`] does on AMD family 25, ring
+    /// seeded with ring, as [`seeded_choice`] does with VAES and AVX2, ring
     /// keeps them, and aws-lc still takes the large class by its measure.
     #[cfg(all(feature = "ring", feature = "aws-lc"))]
     #[test]
@@ -1402,35 +1400,6 @@ mod tests {
             let s = seeded_among(mode, mode.candidates());
             assert_eq!(s, seeded_choice(mode), "{mode:?}");
         }
-    }
-
-    /// The ring seed's CPU test reads the first processor's vendor and
-    /// family, and only AMD family 25 passes it.
-    #[cfg(feature = "ring")]
-    #[test]
-    fn only_amd_family_25_is_seeded_with_ring_for_gcm() {
-        let block = |vendor: &str, family: u32| {
-            format!(
-                "processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 17\n\
-                 model name\t: X\nflags\t\t: fpu vme aes\n\nprocessor\t: 1\n\
-                 vendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
-            )
-        };
-        assert!(amd_family_25(&block("AuthenticAMD", 25)));
-        for (vendor, family) in [
-            ("GenuineIntel", 6),
-            ("GenuineIntel", 25),
-            ("AuthenticAMD", 23),
-            ("AuthenticAMD", 26),
-            ("HygonGenuine", 24),
-        ] {
-            // (The second processor, an AMD family 25, is not read.)
-            assert!(!amd_family_25(&block(vendor, family)), "{vendor} {family}");
-        }
-        assert!(!amd_family_25(""));
-        assert!(!amd_family_25(
-            "vendor_id : AuthenticAMD\ncpu family : x25\n"
-        ));
     }
 
     /// A candidate that wins at 16 B alone does not take the small class:
