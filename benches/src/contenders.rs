@@ -135,9 +135,21 @@ fn gcm() -> Group {
     {
         use aws_lc_rs::aead::{AES_128_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
         let k = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &KEY[..16]).unwrap());
+        // Its fastest call: `seal_in_place_scatter` writes the tag where it
+        // is asked to; `seal_in_place_separate_tag`'s returned `Tag` (16
+        // bytes and a length, read through an out-of-line `as_ref`) cost
+        // ~10–14 ns more at 16–128 B on Intel Xeon family 6 model 207.
         g.add("aws-lc-rs", move |buf| {
-            k.seal_in_place_separate_tag(Nonce::assume_unique_for_key(NONCE), Aad::from(b""), buf)
-                .unwrap()
+            let mut tag = [0u8; 16];
+            k.seal_in_place_scatter(
+                Nonce::assume_unique_for_key(NONCE),
+                Aad::from(b""),
+                buf,
+                &[],
+                &mut tag,
+            )
+            .unwrap();
+            tag
         });
     }
     g

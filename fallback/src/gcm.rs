@@ -75,9 +75,8 @@ enum Imp {
     ),
 }
 
-/// A seal on a fused GCM with ring's `LessSafeKey` API (which aws-lc-rs
-/// mirrors): the tag copied out.
-#[cfg(any(feature = "aws-lc", feature = "ring"))]
+/// A seal on ring's `LessSafeKey`: the tag copied out.
+#[cfg(feature = "ring")]
 macro_rules! fused_seal {
     ($krate:ident, $k:expr, $nonce:expr, $aad:expr, $data:expr, $failed:expr) => {{
         use $krate::aead::{Aad, Nonce};
@@ -303,8 +302,23 @@ impl Gcm {
                 .encrypt_inout_detached(&(*nonce).into(), aad, data.into())
                 .map_err(|_| failed)?
                 .0),
+            // The tag written straight into ours: aws-lc-rs's
+            // `seal_in_place_separate_tag` returns its `Tag` (16 bytes and a
+            // length), read back through an out-of-line `as_ref`.
             #[cfg(feature = "aws-lc")]
-            Imp::AwsLc(k, _) => fused_seal!(aws_lc_rs, k, nonce, aad, data, failed),
+            Imp::AwsLc(k, _) => {
+                use aws_lc_rs::aead::{Aad, Nonce};
+                let mut tag = [0u8; TAG_LEN];
+                k.seal_in_place_scatter(
+                    Nonce::assume_unique_for_key(*nonce),
+                    Aad::from(aad),
+                    data,
+                    &[],
+                    &mut tag,
+                )
+                .map_err(|_| failed)?;
+                Ok(tag)
+            }
             #[cfg(feature = "ring")]
             Imp::Ring(k, _) => fused_seal!(ring, k, nonce, aad, data, failed),
         }
