@@ -420,7 +420,11 @@ pub const fn default_choice(mode: Mode) -> Choice {
 /// ring in 169 and 32 of 200 (`choice-stability --runs 200 --fresh --mode
 /// gcm --limits 3`, two runs minutes apart, 2026-12-05), and those on
 /// aws-lc ran 256 B at ~0.77 of ring. Seeded with ring there: 0 of 400,
-/// and 0 of 200 beside a busy loop on the other core.
+/// and 0 of 200 beside a busy loop on the other core. The tie has a cause
+/// a measurement cannot settle: that VM's two vCPUs ran aws-lc's AVX-512
+/// seal at up to 1.6× different speeds (ring's within 10%), so with
+/// aws-lc's faster binding (`seal_in_place_scatter`) processes pinned to
+/// one vCPU still chose aws-lc in 24 of 100.
 pub fn seeded_choice(mode: Mode) -> Choice {
     let default = default_choice(mode);
     match mode {
