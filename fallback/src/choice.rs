@@ -421,10 +421,13 @@ pub const fn default_choice(mode: Mode) -> Choice {
 /// gcm --limits 3`, two runs minutes apart, 2026-12-05), and those on
 /// aws-lc ran 256 B at ~0.77 of ring. Seeded with ring there: 0 of 400,
 /// and 0 of 200 beside a busy loop on the other core. The tie has a cause
-/// a measurement cannot settle: that VM's two vCPUs ran aws-lc's AVX-512
-/// seal at up to 1.6× different speeds (ring's within 10%), so with
-/// aws-lc's faster binding (`seal_in_place_scatter`) processes pinned to
-/// one vCPU still chose aws-lc in 24 of 100.
+/// a measurement cannot settle: on that VM aws-lc's AVX-512 seal has
+/// spells of 0.2–2 s at ~1.8× its usual time (16 B: 107–123 ns against
+/// 58–66; ring's stays at 74–89 ns), more or fewer of them with the
+/// host's load (`gcm-spells` in crypto-offload-benches), so a process
+/// chooses whichever state its measurement met: aws-lc in 60 of 200
+/// processes at one hour and 77 of 100 at another, each choice within
+/// 0.98 of the faster one averaged over time.
 pub fn seeded_choice(mode: Mode) -> Choice {
     let default = default_choice(mode);
     match mode {
