@@ -12,13 +12,42 @@
 //! afterwards). Each data unit re-arms the context with its tweak only: the
 //! key schedule is made once, in [`Xts256::new`].
 //!
+//! The first [`OWN`] threads to run requests on a key (per direction) each
+//! get a context of their own, copied from the template on their first
+//! request and kept in a [`ThreadLocal`]: a request on it takes no lock and
+//! no locked instruction. Other threads take a slot's.
+//!
 //! A slot owns one context for its life (copied from the template the first
 //! time the slot is taken). Taking it is one atomic swap that leaves the
 //! slot empty; only the request that took it puts it back, with a plain
 //! store, since nothing else writes an empty slot. An earlier version
 //! returned contexts with a compare-and-swap into any empty slot: the two
 //! locked instructions cost ~20 ns a request on an Intel Xeon (family 6
-//! model 207; a swap and a store ~9), a third of a 64-byte request.
+//! model 207; a swap and a store ~9), a third of a 64-byte request. The
+//! swap alone still cost ~5 ns there: `paired --group xts-256 --all` put
+//! ours at 0.89–0.92 of AWS-LC's EVP XTS called directly at 64–256 B with
+//! it, and level (0.98–1.02) without it.
+//!
+//! So a key holds at most `1 + OWN + SPARES` contexts per direction (~700
+//! bytes each: two AES-256 key schedules and the `EVP_CIPHER_CTX`), and
+//! more only while more requests than that run at once. A thread that
+//! exits leaves its context to the next thread given its id
+//! (`thread_local` reuses ids, lowest first), not to the allocator, until
+//! the key is dropped; a context a request failed on is freed and its
+//! place given back. Which threads have the [`OWN`] places is first come,
+//! first served: a thread that has none keeps taking slots (asking again
+//! each request costs one relaxed load). Besides the contexts, each
+//! direction holds the `ThreadLocal` inline (64 words) and, for the
+//! threads with a place only, `thread_local`'s bucket holding their id
+//! (16 bytes an entry, 2^⌊log2(id + 1)⌋ entries: ids count the threads
+//! that use any `ThreadLocal` at once, process-wide).
+//!
+//! Two limits come with `thread_local` (as for crypto-offload's request
+//! counters): a thread's first use of any `ThreadLocal` takes the crate's
+//! id lock, so in a child forked while another thread held it, a thread's
+//! first request would wait for ever; and a request made from a
+//! thread-local destructor that runs after `thread_local`'s own has run
+//! panics there (which aborts).
 //!
 //! With AWS-LC's default allocator the key schedules are wiped when a
 //! context is freed (`OPENSSL_free` cleanses every allocation it returns);
@@ -26,10 +55,12 @@
 //! unwiped in its free hook (`tests/xts_review.rs` shows it). The key this
 //! crate is given stays the caller's.
 
+use core::cell::Cell;
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicPtr, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use subtle::ConstantTimeEq;
+use thread_local::ThreadLocal;
 
 use aws_lc_sys::{
     CRYPTO_library_init, EVP_CIPHER_CTX, EVP_CIPHER_CTX_copy, EVP_CIPHER_CTX_free,
@@ -151,10 +182,21 @@ enum Direction {
 /// than this copy the template (~0.1 µs here) and free the copy afterwards.
 const SPARES: usize = 4;
 
-/// One direction's contexts: a keyed template and the slots.
+/// How many threads get a context of their own, per key and direction:
+/// the first this many to run a request on it.
+pub const OWN: usize = 8;
+
+/// One direction's contexts: a keyed template, the per-thread ones and the
+/// slots.
 struct Contexts {
     /// Keyed, never run, never handed out: only read (copied) after `new`.
     template: Ctx,
+    /// The calling thread's own context: `Some` while idle; `None` while a
+    /// request runs on it, and for good in a thread that came after
+    /// [`OWN`] others had theirs (or whose copy failed), which takes slots.
+    own: ThreadLocal<Cell<Option<Ctx>>>,
+    /// How many threads were given their own context.
+    owners: AtomicUsize,
     /// Each slot is [`unfilled`] until a request first takes it, then its
     /// own context while idle and null while a request runs on it. A
     /// context a request failed on is freed and its slot left unfilled.
@@ -230,8 +272,55 @@ impl Contexts {
         }
         Ok(Contexts {
             template,
+            own: ThreadLocal::new(),
+            owners: AtomicUsize::new(0),
             slots: core::array::from_fn(|_| AtomicPtr::new(unfilled())),
         })
+    }
+
+    /// The calling thread's own context, idle, moved out of its cell (and
+    /// the cell, to put it back), or `None` for a thread that cannot have
+    /// one now. A thread without a cell gets one (and with it a bucket of
+    /// the `ThreadLocal`) only while fewer than [`OWN`] contexts exist; a
+    /// thread whose cell is empty (it came after [`OWN`] others, or its
+    /// copy or a request failed) asks again each request, a relaxed load
+    /// once [`OWN`] contexts exist.
+    #[inline]
+    fn own_idle(&self) -> Option<(&Cell<Option<Ctx>>, Ctx)> {
+        let cell = match self.own.get() {
+            Some(cell) => cell,
+            None if self.owners.load(Ordering::Relaxed) >= OWN => return None,
+            None => self.own.get_or(|| Cell::new(None)),
+        };
+        match cell.take() {
+            Some(ctx) => Some((cell, ctx)),
+            None => self.own_context().map(|ctx| (cell, ctx)),
+        }
+    }
+
+    /// A new context for a thread's own, if fewer than [`OWN`] exist: a
+    /// copy of the template, counted in `owners` until [`Self::disown`]
+    /// (or the key's drop) frees it.
+    #[cold]
+    fn own_context(&self) -> Option<Ctx> {
+        self.owners
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < OWN).then_some(n + 1)
+            })
+            .ok()?;
+        let ctx = self.copy().ok();
+        if ctx.is_none() {
+            self.owners.fetch_sub(1, Ordering::Relaxed);
+        }
+        ctx
+    }
+
+    /// Frees a thread's own context a request failed on (it is not reused)
+    /// and gives its place back: the thread's next request makes another.
+    #[cold]
+    fn disown(&self, ctx: Ctx) {
+        drop(ctx);
+        self.owners.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// The first idle slot's context, or a copy of the template.
@@ -266,6 +355,10 @@ impl Contexts {
 
     /// A keyed context of its own: a copy of the template.
     fn copy(&self) -> Result<Ctx, XtsError> {
+        #[cfg(test)]
+        if tests::fails(&tests::FAIL_COPIES) {
+            return Err(XtsError::Failed);
+        }
         let ctx = Ctx::new()?;
         // SAFETY: `ctx` is a live, fresh context owned here; the template is
         // live and keyed, and only read: EVP_CIPHER_CTX_copy takes it as
@@ -300,25 +393,50 @@ impl Contexts {
         if data.is_empty() {
             return Ok(());
         }
+        if let Some((cell, ctx)) = self.own_idle() {
+            return if run_units(ctx.0.as_ptr(), first_tweak, unit_len, lone, data) {
+                cell.set(Some(ctx));
+                Ok(())
+            } else {
+                self.disown(ctx);
+                Err(XtsError::Failed)
+            };
+        }
         let taken = self.take()?;
-        let ctx = taken.ctx.as_ptr();
-        let ok = if lone {
-            run_unit(ctx, first_tweak, data)
-        } else {
-            let mut sector = u128::from_le_bytes(*first_tweak);
-            data.chunks_exact_mut(unit_len).all(|unit| {
-                let tweak = sector.to_le_bytes();
-                sector = sector.wrapping_add(1);
-                run_unit(ctx, &tweak, unit)
-            })
-        };
-        if ok {
+        if run_units(taken.ctx.as_ptr(), first_tweak, unit_len, lone, data) {
             taken.give_back();
             Ok(())
         } else {
             // A context that failed is freed, not reused (`Taken`'s drop).
             Err(XtsError::Failed)
         }
+    }
+}
+
+/// Runs `data` (one unit when `lone`, else whole units of `unit_len`
+/// bytes) in place on `ctx`, a live keyed context this call alone uses;
+/// whether AWS-LC reported success for every unit.
+#[inline(always)]
+fn run_units(
+    ctx: *mut EVP_CIPHER_CTX,
+    first_tweak: &[u8; 16],
+    unit_len: usize,
+    lone: bool,
+    data: &mut [u8],
+) -> bool {
+    #[cfg(test)]
+    if tests::fails(&tests::FAIL_RUNS) {
+        return false;
+    }
+    if lone {
+        run_unit(ctx, first_tweak, data)
+    } else {
+        let mut sector = u128::from_le_bytes(*first_tweak);
+        data.chunks_exact_mut(unit_len).all(|unit| {
+            let tweak = sector.to_le_bytes();
+            sector = sector.wrapping_add(1);
+            run_unit(ctx, &tweak, unit)
+        })
     }
 }
 
@@ -407,8 +525,12 @@ unsafe impl Send for Ctx {}
 
 // SAFETY: `Contexts` shares only the template across threads, and only for
 // reading (EVP_CIPHER_CTX_copy, see `copy`); every context that is run is
-// owned by one call at a time (moved out of its slot by an atomic swap,
-// which leaves the slot empty until that call stores it back).
+// owned by one call at a time: a thread's own is reached only through
+// `ThreadLocal::get_or`, which gives each thread its own entry (a later
+// thread reusing an exited one's id gets that entry, never two threads at
+// once), and is moved out of its cell while a request runs on it; a slot's
+// is moved out by an atomic swap, which leaves the slot empty until that
+// call stores it back.
 unsafe impl Sync for Contexts {}
 
 #[cfg(test)]
@@ -423,6 +545,20 @@ mod tests {
     /// Contexts alive in this test process (made by `Ctx::new`, not yet
     /// freed).
     pub(super) static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+    /// How many of the next requests fail as if AWS-LC had refused them
+    /// (before touching the data), and how many of the next copies of a
+    /// template: the failure paths, which AWS-LC reaches only out of
+    /// memory. Set only under `serial()`.
+    pub(super) static FAIL_RUNS: AtomicUsize = AtomicUsize::new(0);
+    pub(super) static FAIL_COPIES: AtomicUsize = AtomicUsize::new(0);
+
+    /// Whether this call is one of the failures `counter` still holds.
+    pub(super) fn fails(counter: &AtomicUsize) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
 
     /// Threads taking and returning contexts as fast as they can, one in
     /// eleven dropped as a failed request drops it: no context is ever
@@ -580,27 +716,210 @@ mod tests {
             .collect()
     }
 
-    /// One caller at a time runs on the first slot's context, made the
-    /// first time and reused after; the other slots stay unfilled.
+    /// The calling thread's own context in `c` (its address), if it has
+    /// one; left in place.
+    fn own_of(c: &Contexts) -> Option<usize> {
+        let cell = c.own.get()?;
+        let ctx = cell.take();
+        let p = ctx.as_ref().map(|ctx| ctx.0.as_ptr() as usize);
+        cell.set(ctx);
+        p
+    }
+
+    /// One thread runs every request on a context of its own, made on its
+    /// first request and reused after; no slot is filled, and the other
+    /// direction makes none until it runs.
     #[test]
-    fn one_caller_at_a_time_reuses_the_first_slot() {
+    fn a_thread_runs_on_a_context_of_its_own() {
         let _one = serial();
         let xts = Xts256::new(&key()).unwrap();
-        assert_eq!(filled(&xts.enc), [false; SPARES]);
-        let first = {
-            let mut data = [3u8; 64];
-            xts.encrypt_units(&[0; 16], 32, &mut data).unwrap();
-            xts.enc.slots[0].load(Ordering::Acquire)
-        };
+        assert_eq!(own_of(&xts.enc), None);
+        let mut data = [3u8; 64];
+        xts.encrypt_units(&[0; 16], 32, &mut data).unwrap();
+        let first = own_of(&xts.enc).expect("an own context after a request");
+        let live = LIVE.load(Ordering::SeqCst);
         for _ in 0..3 {
             let mut data = [3u8; 48];
             xts.encrypt_units(&[1; 16], 48, &mut data).unwrap();
         }
-        assert_eq!(xts.enc.slots[0].load(Ordering::Acquire), first);
-        let mut want = [false; SPARES];
-        want[0] = true;
-        assert_eq!(filled(&xts.enc), want);
+        // The same context, not one freed and made again at its address.
+        assert_eq!(LIVE.load(Ordering::SeqCst), live);
+        assert_eq!(own_of(&xts.enc), Some(first));
+        assert_eq!(xts.enc.owners.load(Ordering::Relaxed), 1);
+        assert_eq!(filled(&xts.enc), [false; SPARES]);
+        assert_eq!(own_of(&xts.dec), None);
         assert_eq!(filled(&xts.dec), [false; SPARES]);
+    }
+
+    /// Runs `f(i)` on `n` threads at once and waits for every thread to
+    /// end, its thread-local destructors included (the end of a scope
+    /// waits only for the closures): the threads' `thread_local` ids are
+    /// free again after, so a later test's threads reuse them in a known
+    /// order (the lowest free id first).
+    fn on_threads(n: usize, f: impl Fn(usize) + Sync) {
+        let f = &f;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n).map(|i| s.spawn(move || f(i))).collect();
+            for h in handles {
+                h.join().unwrap();
+            }
+        });
+    }
+
+    /// Threads running at once: contexts of their own for the first that
+    /// make [`OWN`] of them, slots for the rest, every result right, and
+    /// dropping the key frees every context (the per-thread ones included).
+    #[test]
+    fn the_first_own_threads_get_their_own_and_the_rest_take_slots() {
+        let _one = serial();
+        let before = LIVE.load(Ordering::SeqCst);
+        let xts = Xts256::new(&key()).unwrap();
+        // On this thread: one of the OWN.
+        let mut want = [7u8; 512];
+        xts.encrypt_units(&[2; 16], 512, &mut want).unwrap();
+        let threads = OWN + 3;
+        let all_ran = std::sync::Barrier::new(threads);
+        let owned = AtomicIsize::new(0);
+        on_threads(threads, |_| {
+            for _ in 0..50 {
+                let mut d = [7u8; 512];
+                xts.encrypt_units(&[2; 16], 512, &mut d).unwrap();
+                assert_eq!(d, want);
+            }
+            if own_of(&xts.enc).is_some() {
+                owned.fetch_add(1, Ordering::SeqCst);
+            }
+            // Every thread alive until all ran: none reuses the id (and
+            // context) of one that exited.
+            all_ran.wait();
+        });
+        assert_eq!(owned.load(Ordering::SeqCst), OWN as isize - 1);
+        assert_eq!(xts.enc.owners.load(Ordering::Relaxed), OWN);
+        // The other threads ran on slots.
+        assert!(filled(&xts.enc).iter().any(|&f| f));
+        let live = LIVE.load(Ordering::SeqCst) - before;
+        assert!(
+            live <= (2 + OWN + SPARES) as isize,
+            "{live} contexts live: more than two templates, OWN and the slots"
+        );
+        drop(xts);
+        assert_eq!(
+            LIVE.load(Ordering::SeqCst),
+            before,
+            "contexts leaked or freed twice"
+        );
+    }
+
+    /// A thread that exits leaves its context to the next thread given its
+    /// id: threads one after another make one context between them, not
+    /// one each (the memory bound in the module's docs), and later
+    /// requests make none.
+    #[test]
+    fn threads_one_after_another_share_one_context() {
+        let _one = serial();
+        let before = LIVE.load(Ordering::SeqCst);
+        let xts = Xts256::new(&key()).unwrap();
+        let seen_by = Mutex::new(HashSet::new());
+        for _ in 0..6 {
+            on_threads(1, |_| {
+                for _ in 0..3 {
+                    let mut d = [1u8; 32];
+                    xts.encrypt_units(&[0; 16], 32, &mut d).unwrap();
+                }
+                seen_by.lock().unwrap().insert(own_of(&xts.enc).unwrap());
+            });
+        }
+        let seen = seen_by.into_inner().unwrap();
+        // One context, handed from each thread to the next, when no other
+        // thread frees an id meanwhile. Another test's thread (libtest
+        // runs each test on a thread of its own, two at a time) that ends
+        // while this runs frees a lower id, and the next thread here takes
+        // that one and makes a context: hence up to three, not six.
+        let made = seen.len();
+        assert!(made <= 3, "a context per thread: {seen:?}");
+        assert_eq!(xts.enc.owners.load(Ordering::Relaxed), made);
+        // Two templates and those contexts: none freed and made again.
+        assert_eq!(LIVE.load(Ordering::SeqCst) - before, 2 + made as isize);
+    }
+
+    /// A request that fails on a thread's own context frees it and gives
+    /// its place back; the thread's next request makes another, and a
+    /// failed copy leaves the place free for the request after.
+    #[test]
+    fn a_failed_request_replaces_the_threads_own_context() {
+        let _one = serial();
+        let before = LIVE.load(Ordering::SeqCst);
+        let xts = Xts256::new(&key()).unwrap();
+        let mut want = [4u8; 64];
+        xts.encrypt_units(&[3; 16], 64, &mut want).unwrap();
+        assert_eq!(LIVE.load(Ordering::SeqCst) - before, 3);
+        FAIL_RUNS.store(1, Ordering::SeqCst);
+        let mut d = [4u8; 64];
+        assert_eq!(
+            xts.encrypt_units(&[3; 16], 64, &mut d),
+            Err(XtsError::Failed)
+        );
+        assert_eq!(own_of(&xts.enc), None);
+        assert_eq!(xts.enc.owners.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            LIVE.load(Ordering::SeqCst) - before,
+            2,
+            "the failed one freed"
+        );
+        // The next copy fails too: that request runs on a slot.
+        FAIL_COPIES.store(1, Ordering::SeqCst);
+        let mut d = [4u8; 64];
+        xts.encrypt_units(&[3; 16], 64, &mut d).unwrap();
+        assert_eq!(d, want);
+        assert_eq!(own_of(&xts.enc), None);
+        assert_eq!(xts.enc.owners.load(Ordering::Relaxed), 0);
+        assert!(filled(&xts.enc)[0]);
+        // The one after makes the thread's own again.
+        let mut d = [4u8; 64];
+        xts.encrypt_units(&[3; 16], 64, &mut d).unwrap();
+        assert_eq!(d, want);
+        assert!(own_of(&xts.enc).is_some());
+        assert_eq!(xts.enc.owners.load(Ordering::Relaxed), 1);
+        // A failure on a slot's context leaves the slot unfilled.
+        let t = xts.enc.take().unwrap();
+        FAIL_RUNS.store(1, Ordering::SeqCst);
+        assert!(!run_units(t.ctx.as_ptr(), &[3; 16], 64, true, &mut d));
+        drop(t);
+        assert!(!filled(&xts.enc)[0]);
+        drop(xts);
+        assert_eq!(LIVE.load(Ordering::SeqCst), before);
+    }
+
+    /// Threads that start, run a few requests and exit, many at once and
+    /// one after another, while the key lives: every result right, never
+    /// more than [`OWN`] contexts of their own, all freed with the key.
+    #[test]
+    fn threads_coming_and_going_stay_within_own() {
+        let _one = serial();
+        let before = LIVE.load(Ordering::SeqCst);
+        let xts = Xts256::new(&key()).unwrap();
+        let mut want = vec![9u8; 1024];
+        xts.encrypt_units(&[5; 16], 512, &mut want).unwrap();
+        for round in 0..20 {
+            on_threads(1 + round % 12, |t| {
+                for _ in 0..=t {
+                    let mut d = vec![9u8; 1024];
+                    xts.encrypt_units(&[5; 16], 512, &mut d).unwrap();
+                    assert_eq!(d, want);
+                    xts.decrypt_units(&[5; 16], 512, &mut d).unwrap();
+                    assert!(d.iter().all(|&b| b == 9));
+                }
+            });
+            assert!(xts.enc.owners.load(Ordering::Relaxed) <= OWN);
+            assert!(xts.dec.owners.load(Ordering::Relaxed) <= OWN);
+            let live = LIVE.load(Ordering::SeqCst) - before;
+            assert!(
+                live <= 2 * (1 + OWN + SPARES) as isize,
+                "{live} contexts live"
+            );
+        }
+        drop(xts);
+        assert_eq!(LIVE.load(Ordering::SeqCst), before);
     }
 
     /// Requests in flight take the slots in order, then copies (no slot);
@@ -633,8 +952,13 @@ mod tests {
         for (slot, p) in c.slots.iter().zip(&ptrs).skip(1) {
             assert_eq!(slot.load(Ordering::Acquire), *p);
         }
+        // The slot left unfilled gets a fresh copy, which gives the same
+        // bytes.
+        let t = c.take().unwrap();
+        assert!(core::ptr::eq(t.slot.unwrap(), &c.slots[0]));
         let mut again = [5u8; 40];
-        xts.encrypt_units(&[9; 16], 40, &mut again).unwrap();
+        assert!(run_unit(t.ctx.as_ptr(), &[9; 16], &mut again));
+        t.give_back();
         assert_eq!(again, want);
         assert_eq!(filled(c), [true; SPARES]);
     }
@@ -646,17 +970,13 @@ mod tests {
         let xts = Xts256::new(&key()).unwrap();
         let mut want = vec![1u8; 4096];
         xts.encrypt_units(&[0; 16], 512, &mut want).unwrap();
-        std::thread::scope(|s| {
-            for _ in 0..(SPARES * 3) {
-                s.spawn(|| {
-                    for _ in 0..200 {
-                        let mut data = vec![1u8; 4096];
-                        xts.encrypt_units(&[0; 16], 512, &mut data).unwrap();
-                        assert_eq!(data, want);
-                        xts.decrypt_units(&[0; 16], 512, &mut data).unwrap();
-                        assert!(data.iter().all(|&b| b == 1));
-                    }
-                });
+        on_threads(SPARES * 3, |_| {
+            for _ in 0..200 {
+                let mut data = vec![1u8; 4096];
+                xts.encrypt_units(&[0; 16], 512, &mut data).unwrap();
+                assert_eq!(data, want);
+                xts.decrypt_units(&[0; 16], 512, &mut data).unwrap();
+                assert!(data.iter().all(|&b| b == 1));
             }
         });
     }
