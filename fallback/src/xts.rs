@@ -42,7 +42,7 @@ pub struct Xts {
     data: Aes,
     tweak: Aes,
     /// AWS-LC's single-block AES for lone units under [`SHORT_MAX`] bytes
-    /// (none beside `evp`), when the choice gives small
+    /// ([`SHORT_MAX_BESIDE_EVP`] beside `evp`), when the choice gives small
     /// requests to AWS-LC.
     #[cfg(feature = "aws-lc")]
     short: Option<crate::aws_lc::XtsShort>,
@@ -245,19 +245,15 @@ impl Xts {
 
     /// AWS-LC's single-block AES, if it runs a `len`-byte request: a lone
     /// unit (shorter than two blocks, so one unit) when small requests go
-    /// to AWS-LC and the key has no AWS-LC XTS (XTS-AES-128 and -192;
-    /// AWS-LC's EVP XTS runs one of XTS-AES-256 as fast or faster:
-    /// [`SHORT_MAX`]).
+    /// to AWS-LC.
     #[cfg(feature = "aws-lc")]
     #[inline]
     fn short_for(&self, len: usize) -> Option<&crate::aws_lc::XtsShort> {
-        match self.evp {
-            Some(_) => None,
-            None => self
-                .short
-                .as_ref()
-                .filter(|_| (16..SHORT_MAX).contains(&len)),
-        }
+        let max = match self.evp {
+            Some(_) => SHORT_MAX_BESIDE_EVP,
+            None => SHORT_MAX,
+        };
+        self.short.as_ref().filter(|_| (16..max).contains(&len))
     }
 
     /// AWS-LC's XTS, if it runs a `len`-byte request of `unit_len`-byte
@@ -346,17 +342,23 @@ impl Xts {
 /// small requests go to AWS-LC so does the whole of a unit shorter than
 /// this (~100 ns for 17–31 bytes, three blocks one after another),
 /// where the key has no AWS-LC XTS (XTS-AES-128 and -192).
-///
-/// Not for a key that AWS-LC's EVP XTS also runs (XTS-AES-256): once
-/// `crypto_offload_native::Xts256` ran each thread's requests on a context
-/// of its own (no locked instruction a request), EVP XTS ran a 16-byte
-/// unit in 45.7–49.1 ns through it against 49.1–50.7 on single blocks
-/// (`paired --group xts-256 --sizes 16,32 --all`, the Xeon above; AWS-LC's
-/// EVP XTS driven directly 47.0–51.6); with ciphertext stealing (17–31
-/// bytes) it was already ahead (82–88 ns against ~100: its AES rounds for
-/// the blocks overlap, one call a block does not).
 #[cfg(feature = "aws-lc")]
 const SHORT_MAX: usize = 32;
+
+/// [`SHORT_MAX`] for a key that AWS-LC's EVP XTS also runs (XTS-AES-256):
+/// only a unit of one whole block. With ciphertext stealing (17–31 bytes)
+/// EVP XTS is ahead, 82–88 ns through `crypto_offload_native::Xts256`
+/// against ~100 (its AES rounds for the blocks overlap; one call a block
+/// does not). At 16 bytes the two benches disagree, on the Xeon above,
+/// with `Xts256` on per-thread contexts: `paired --group xts-256 --sizes
+/// 16 --all` had EVP XTS ahead (47.3–49.7 ns against 52.5–56.4), but the
+/// session API's path (`benches/paired-layouts 8 --bin session-overhead
+/// --only xts-256 --sizes 16,64`, means over 8 layouts) took 58.0 ns a
+/// request on single blocks against 79.7 on EVP XTS (direct calls 35.2
+/// against 45.5; 64 B, on EVP XTS in both, 91.0 and 97.3). The path users
+/// call decides: a lone block stays on single-block AES.
+#[cfg(feature = "aws-lc")]
+const SHORT_MAX_BESIDE_EVP: usize = 17;
 
 #[derive(Clone, Copy)]
 pub(crate) enum Direction {

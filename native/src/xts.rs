@@ -184,7 +184,7 @@ const SPARES: usize = 4;
 
 /// How many threads get a context of their own, per key and direction:
 /// the first this many to run a request on it.
-pub const OWN: usize = 8;
+const OWN: usize = 8;
 
 /// One direction's contexts: a keyed template, the per-thread ones and the
 /// slots.
@@ -192,10 +192,11 @@ struct Contexts {
     /// Keyed, never run, never handed out: only read (copied) after `new`.
     template: Ctx,
     /// The calling thread's own context: `Some` while idle; `None` while a
-    /// request runs on it, and for good in a thread that came after
-    /// [`OWN`] others had theirs (or whose copy failed), which takes slots.
+    /// request runs on it, and in a thread without a place (it came after
+    /// [`OWN`] others had theirs, or its copy or a request failed), which
+    /// takes slots and asks for a place again each request.
     own: ThreadLocal<Cell<Option<Ctx>>>,
-    /// How many threads were given their own context.
+    /// How many per-thread contexts exist (at most [`OWN`]).
     owners: AtomicUsize,
     /// Each slot is [`unfilled`] until a request first takes it, then its
     /// own context while idle and null while a request runs on it. A
