@@ -75,24 +75,6 @@ enum Imp {
     ),
 }
 
-/// A seal on ring's `LessSafeKey`: the tag copied out.
-#[cfg(feature = "ring")]
-macro_rules! fused_seal {
-    ($krate:ident, $k:expr, $nonce:expr, $aad:expr, $data:expr, $failed:expr) => {{
-        use $krate::aead::{Aad, Nonce};
-        let tag = $k
-            .seal_in_place_separate_tag(
-                Nonce::assume_unique_for_key(*$nonce),
-                Aad::from($aad),
-                $data,
-            )
-            .map_err(|_| $failed)?;
-        let mut out = [0u8; TAG_LEN];
-        out.copy_from_slice(tag.as_ref());
-        Ok(out)
-    }};
-}
-
 impl Imp {
     fn new(key: &[u8], imp: Implementation) -> Result<Imp, Error> {
         let bad_key = Error::KeyLength {
@@ -320,7 +302,19 @@ impl Gcm {
                 Ok(tag)
             }
             #[cfg(feature = "ring")]
-            Imp::Ring(k, _) => fused_seal!(ring, k, nonce, aad, data, failed),
+            Imp::Ring(k, _) => {
+                use ring::aead::{Aad, Nonce};
+                let tag = k
+                    .seal_in_place_separate_tag(
+                        Nonce::assume_unique_for_key(*nonce),
+                        Aad::from(aad),
+                        data,
+                    )
+                    .map_err(|_| failed)?;
+                let mut out = [0u8; TAG_LEN];
+                out.copy_from_slice(tag.as_ref());
+                Ok(out)
+            }
         }
     }
 
