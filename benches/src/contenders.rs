@@ -322,6 +322,26 @@ fn crc(alg: CrcAlg) -> Group {
         }),
         _ => {}
     }
+    // The fallback's CRC-64 fold called directly (not a peer: the part of
+    // the fallback that runs the middle lengths, without its dispatch).
+    #[cfg(feature = "clmul")]
+    if let Some(clmul) = crypto_offload_native::Clmul::detect() {
+        use crypto_offload_native::Crc64Fold;
+        let fold = match alg {
+            CrcAlg::Crc64Nvme => Some(Crc64Fold::NVME),
+            CrcAlg::Crc64Xz => Some(Crc64Fold::XZ),
+            CrcAlg::Crc64GoIso => Some(Crc64Fold::GO_ISO),
+            _ => None,
+        };
+        if let Some(fold) = fold {
+            g.add(
+                format!("fallback-{}", Implementation::Crc64Fold.name()),
+                move |buf| {
+                    black_box(fold.update(clmul, u64::MAX, buf) ^ u64::MAX);
+                },
+            );
+        }
+    }
     macro_rules! reference {
         ($w:ty, $p:expr) => {{
             let table16 = crc::Crc::<$w, crc::Table<16>>::new($p);

@@ -248,14 +248,34 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
         out += &format!("  {:<11} {runs:<30} ({why})\n", mode.name());
     }
     let crc64 = cpu_choice::crc64_limit_measured();
+    let ns =
+        |d: Option<std::time::Duration>| d.map_or("-".to_owned(), |d| d.as_nanos().to_string());
     let each: Vec<String> = crc64
         .timings
         .iter()
-        .map(|(len, table, fast)| format!("{len} B {}/{}", table.as_nanos(), fast.as_nanos()))
+        .map(|t| {
+            format!(
+                "{} B {}/{}/{}/{}",
+                t.len,
+                ns(t.table),
+                ns(t.fold),
+                t.crc_fast.as_nanos(),
+                t.crc_fast_unaligned.as_nanos()
+            )
+        })
         .collect();
-    let runs = format!("table to {}, then crc-fast", size_name(crc64.limit - 1));
+    let runs = if crc64.crc_fast_from > crc64.limit {
+        format!(
+            "table to {}, fold to {} ({} unaligned), then crc-fast",
+            size_name(crc64.limit - 1),
+            size_name(crc64.crc_fast_from - 1),
+            size_name(crc64.crc_fast_from_unaligned - 1)
+        )
+    } else {
+        format!("table to {}, then crc-fast", size_name(crc64.limit - 1))
+    };
     out += &format!(
-        "  {:<11} {runs:<30} (measured in {:.2} ms, ns table/crc-fast: {})\n",
+        "  {:<11} {runs:<30} (measured in {:.2} ms, ns table/fold/crc-fast/crc-fast 8 bytes off: {})\n",
         "crc-64",
         crc64.took.as_secs_f64() * 1e3,
         each.join(", ")

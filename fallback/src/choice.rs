@@ -31,9 +31,11 @@ use std::time::{Duration, Instant};
 use crate::{Cbc, CrcAlg, Ctr, Error, Gcm, Implementation, Xts};
 
 /// The CRC-64s are not a [`Mode`]: they run on this crate's table below a
-/// measured length and on crc-fast from there.
+/// measured length, then on its PCLMULQDQ fold (the `clmul` feature) below
+/// another, and on crc-fast from there.
 pub use crate::crc64_limit::{
-    Crc64Limit, LADDER as CRC64_LADDER, crc64_limit_measured, crc64_table_limit,
+    Crc64Limit, Crc64Timing, LADDER as CRC64_LADDER, TABLE_MAX as CRC64_TABLE_MAX,
+    crc64_crc_fast_from, crc64_crc_fast_from_unaligned, crc64_limit_measured, crc64_table_limit,
 };
 
 /// A mode whose CPU implementation is chosen per machine.
@@ -85,8 +87,8 @@ impl Mode {
     }
 
     /// The mode of a CRC whose implementation is chosen (the CRC-32s; the
-    /// CRC-64s run on crc-fast, with this crate's tables below a measured
-    /// length: [`crc64_table_limit`]).
+    /// CRC-64s run on this crate's table and fold and on crc-fast, split at
+    /// measured lengths: [`crc64_limit_measured`]).
     pub const fn of_crc(alg: CrcAlg) -> Option<Mode> {
         match alg {
             CrcAlg::Crc32IsoHdlc => Some(Mode::Crc32),

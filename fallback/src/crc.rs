@@ -6,8 +6,8 @@ use core::fmt;
 
 use crate::choice::{self, Choice, Mode};
 use crate::crc_plan::CrcPlan;
-use crate::crc64_limit::crc64_table_limit;
-use crate::crc64_table::{self, Tables};
+use crate::crc64::{self, Crc64};
+use crate::crc64_limit::crc64_crc_fast_from;
 use crate::{Error, Implementation};
 
 /// A CRC algorithm, named as in Greg Cook's CRC RevEng catalogue.
@@ -126,13 +126,14 @@ impl fmt::Display for CrcAlg {
 ///
 /// The CRC-32s run on the implementations measured fastest on this
 /// machine, per size class of each `update` ([`choice`]: crc-fast,
-/// crc32fast for CRC-32/ISO-HDLC, the `crc32c` crate for CRC-32C); the
-/// CRC-64s on crc-fast, except inputs shorter than a length measured on
-/// this machine ([`crate::choice::crc64_table_limit`]: above 64 bytes on
-/// AMD Zen 4, where this crate's slicing-by-16 table does 16 B in 9 ns and
-/// 112 B in 45 where crc-fast takes 20 and 44; 48–64 on AMD Zen 3). The
-/// running value moves between the implementations as a plain CRC, so
-/// mixing is exact.
+/// crc32fast for CRC-32/ISO-HDLC, the `crc32c` crate for CRC-32C). The
+/// CRC-64s run on this crate's slicing-by-16 table, then (the `clmul`
+/// feature, a CPU with PCLMULQDQ) its 128-bit fold, then crc-fast, from
+/// lengths measured on this machine ([`crate::choice::crc64_limit_measured`]:
+/// on an Intel Xeon model 207 the fold from 16 bytes and crc-fast from
+/// 1 KiB; without the fold, the table to 64 bytes on AMD Zen 4 and to
+/// 48–64 on Zen 3). The running value moves between the implementations as
+/// a plain CRC, so mixing is exact.
 #[derive(Clone)]
 pub struct Crc {
     /// The CRC-32s' implementations per size class.
@@ -156,14 +157,14 @@ impl fmt::Debug for Crc {
     }
 }
 
-/// CRC-64 inputs shorter than this go to this crate's slicing-by-16 table
-/// (measured: [`crc64_table_limit`]); the CRC-32s follow their measured
+/// CRC-64 inputs shorter than this go to this crate's table or its fold
+/// (measured: [`crc64_crc_fast_from`]); the CRC-32s follow their measured
 /// [`Choice`] instead (0 here).
 #[inline]
 pub(crate) fn small_limit(alg: CrcAlg) -> usize {
     match alg {
         CrcAlg::Crc32IsoHdlc | CrcAlg::Crc32Iscsi => 0,
-        CrcAlg::Crc64Nvme | CrcAlg::Crc64Xz | CrcAlg::Crc64GoIso => crc64_table_limit(),
+        CrcAlg::Crc64Nvme | CrcAlg::Crc64Xz | CrcAlg::Crc64GoIso => crc64_crc_fast_from(),
     }
 }
 
@@ -177,12 +178,12 @@ pub fn crc_choice(alg: CrcAlg) -> Choice {
     }
 }
 
-/// The compile-time tables of a CRC-64 (none for the CRC-32s).
-fn table(alg: CrcAlg) -> Option<&'static Tables> {
+/// A CRC-64's table and fold (none for the CRC-32s).
+fn crc64(alg: CrcAlg) -> Option<&'static Crc64> {
     match alg {
-        CrcAlg::Crc64Nvme => Some(&crc64_table::NVME),
-        CrcAlg::Crc64Xz => Some(&crc64_table::XZ),
-        CrcAlg::Crc64GoIso => Some(&crc64_table::GO_ISO),
+        CrcAlg::Crc64Nvme => Some(&crc64::NVME),
+        CrcAlg::Crc64Xz => Some(&crc64::XZ),
+        CrcAlg::Crc64GoIso => Some(&crc64::GO_ISO),
         CrcAlg::Crc32IsoHdlc | CrcAlg::Crc32Iscsi => None,
     }
 }
@@ -201,11 +202,10 @@ impl CrcAlg {
 
 /// Continues `value` (the CRC of earlier data) over `data` on `imp`, one of
 /// the implementations that keep no state between calls (crc32fast,
-/// `crc32c`, and the CRC-64 tables, named `RustCrypto` by
-/// [`crc_plan::other`](crate::crc_plan::other)).
+/// `crc32c`, and the CRC-64 table and fold).
 fn plain_update(alg: CrcAlg, imp: Implementation, value: u64, data: &[u8]) -> u64 {
-    // Every crate here continues from a final CRC; the CRC-64 tables from
-    // the register before the final XOR.
+    // Every crate here continues from a final CRC; the CRC-64 table and
+    // fold from the register before the final XOR.
     match (alg, imp) {
         (_, Implementation::Crc32Fast) => {
             let mut h = crc32fast::Hasher::new_with_initial(value as u32);
@@ -213,8 +213,8 @@ fn plain_update(alg: CrcAlg, imp: Implementation, value: u64, data: &[u8]) -> u6
             u64::from(h.finalize())
         }
         (_, Implementation::Crc32c) => u64::from(crc32c::crc32c_append(value as u32, data)),
-        _ => match table(alg) {
-            Some(t) => t.update(value ^ alg.xorout(), data) ^ alg.xorout(),
+        _ => match crc64(alg) {
+            Some(c) => c.update(value ^ alg.xorout(), data) ^ alg.xorout(),
             None => crc_fast_update(alg, value, data),
         },
     }
@@ -250,7 +250,7 @@ impl Crc {
 
     /// [`Crc::resume`] on `choice`.
     pub fn resume_with_choice(alg: CrcAlg, choice: Choice, crc: u64, len: u64) -> Self {
-        // (A CRC-64's table limit is measured in the plan, not in its first
+        // (A CRC-64's limits are measured in the plan, not in its first
         // update.)
         Crc {
             choice,
@@ -267,13 +267,17 @@ impl Crc {
     }
 
     /// The implementations small and large updates run on (for the
-    /// CRC-32s; the CRC-64s run on crc-fast and their table).
+    /// CRC-32s; the CRC-64s run on their table, their fold and crc-fast by
+    /// length: [`implementation_for`](Self::implementation_for)).
     pub fn choice(&self) -> Choice {
         self.choice
     }
 
     /// The implementation a `len`-byte update runs on (`RustCrypto` names
-    /// the `crc` crate's table that short CRC-64 updates run on).
+    /// this crate's table that short CRC-64 updates run on). For a CRC-64,
+    /// that of an update whose address is a multiple of 16 and length of
+    /// 128: others may keep the fold longer (see
+    /// `choice::crc64_limit_measured`).
     pub fn implementation_for(&self, len: usize) -> Implementation {
         self.plan.implementation_for(len)
     }
@@ -283,7 +287,13 @@ impl Crc {
     pub fn update(&mut self, data: &[u8]) {
         // Saturates rather than overflowing on a nonsense `resume` length.
         self.len = self.len.saturating_add(data.len() as u64);
-        let imp = self.plan.implementation_for(data.len());
+        let mut imp = self.plan.implementation_for(data.len());
+        if imp == Implementation::CrcFast
+            && self.plan.alg().width() == 64
+            && crc64::fold_takes(data)
+        {
+            imp = crc64::implementation_for(data.len());
+        }
         if imp != Implementation::CrcFast {
             if let Some(d) = self.digest.take() {
                 self.value = d.finalize();

@@ -23,12 +23,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::Implementation;
 use crate::choice::Choice;
 use crate::crc::{CrcAlg, crc_choice, small_limit};
-use crate::crc64_table;
+use crate::crc64;
 
 /// A CRC's implementations resolved to the lengths that run on crc-fast:
 /// those under `below` and those from `from` up. The other lengths run on
 /// the algorithm's other implementation: crc32fast for CRC-32, the
-/// `crc32c` crate for CRC-32C, this crate's table for the CRC-64s.
+/// `crc32c` crate for CRC-32C, this crate's table or fold for the CRC-64s
+/// (split at [`crate::choice::crc64_table_limit`]).
 ///
 /// Made once from a [`Choice`] (a session keeps one), it answers a
 /// one-shot [`CrcPlan::checksum`] without decoding the choice again.
@@ -74,18 +75,30 @@ macro_rules! per_alg {
             ),
             CrcAlg::Crc64Nvme => $run(
                 $($arg,)*
-                |d: &[u8]| crc_fast::crc64_nvme(d),
-                |d: &[u8]| crc64_table::NVME.checksum(d),
+                |d: &[u8]| if crc64::fold_takes(d) {
+                    crc64::NVME.checksum(d)
+                } else {
+                    crc_fast::crc64_nvme(d)
+                },
+                |d: &[u8]| crc64::NVME.checksum(d),
             ),
             CrcAlg::Crc64Xz => $run(
                 $($arg,)*
-                |d: &[u8]| crc_fast::checksum(A::Crc64Xz, d),
-                |d: &[u8]| crc64_table::XZ.checksum(d),
+                |d: &[u8]| if crc64::fold_takes(d) {
+                    crc64::XZ.checksum(d)
+                } else {
+                    crc_fast::checksum(A::Crc64Xz, d)
+                },
+                |d: &[u8]| crc64::XZ.checksum(d),
             ),
             CrcAlg::Crc64GoIso => $run(
                 $($arg,)*
-                |d: &[u8]| crc_fast::checksum(A::Crc64GoIso, d),
-                |d: &[u8]| crc64_table::GO_ISO.checksum(d),
+                |d: &[u8]| if crc64::fold_takes(d) {
+                    crc64::GO_ISO.checksum(d)
+                } else {
+                    crc_fast::checksum(A::Crc64GoIso, d)
+                },
+                |d: &[u8]| crc64::GO_ISO.checksum(d),
             ),
         }
     }};
@@ -113,14 +126,14 @@ fn crc32fast_cold() -> crc32fast::Hasher {
     CRC32FAST.get_or_init(crc32fast::Hasher::new).clone()
 }
 
-/// `alg`'s implementation other than crc-fast: crc32fast, the `crc32c`
-/// crate, or (named `RustCrypto`, not an implementation that is chosen)
-/// this crate's CRC-64 table.
-pub(crate) const fn other(alg: CrcAlg) -> Implementation {
+/// `alg`'s implementation other than crc-fast for a `len`-byte input:
+/// crc32fast, the `crc32c` crate, or this crate's CRC-64 fold or table
+/// (the table named `RustCrypto`: neither is chosen, both measured).
+pub(crate) fn other(alg: CrcAlg, len: usize) -> Implementation {
     match alg {
         CrcAlg::Crc32IsoHdlc => Implementation::Crc32Fast,
         CrcAlg::Crc32Iscsi => Implementation::Crc32c,
-        CrcAlg::Crc64Nvme | CrcAlg::Crc64Xz | CrcAlg::Crc64GoIso => Implementation::RustCrypto,
+        CrcAlg::Crc64Nvme | CrcAlg::Crc64Xz | CrcAlg::Crc64GoIso => crc64::implementation_for(len),
     }
 }
 
@@ -137,7 +150,7 @@ impl CrcPlan {
                 from,
             };
         }
-        let other = other(alg);
+        let other = other(alg, 0);
         let (below, from) = match (choice.small != other, choice.large != other) {
             (true, true) => (usize::MAX, NEVER),
             (false, false) => (0, NEVER),
@@ -172,7 +185,7 @@ impl CrcPlan {
         if self.runs_on_crc_fast(len) {
             Implementation::CrcFast
         } else {
-            other(self.alg)
+            other(self.alg, len)
         }
     }
 
@@ -375,15 +388,29 @@ mod tests {
     }
 
     #[test]
-    fn a_crc64_plan_runs_its_table_under_the_measured_limit() {
-        let limit = small_limit(CrcAlg::Crc64Nvme);
+    fn a_crc64_plan_runs_crc_fast_from_the_measured_length() {
+        let m = crate::choice::crc64_limit_measured();
+        let from = small_limit(CrcAlg::Crc64Nvme);
+        assert_eq!(from, m.crc_fast_from);
         let plan = CrcPlan::new(CrcAlg::Crc64Nvme, Choice::one(Implementation::Crc32c));
-        for len in
-            [0, 1, 16, 64, 1 << 20]
+        for len in [0, 1, 16, 64, 1 << 20].into_iter().chain(
+            [m.limit, from]
                 .into_iter()
-                .chain([limit.saturating_sub(1), limit, limit + 1])
-        {
-            assert_eq!(plan.runs_on_crc_fast(len), len >= limit, "{len}");
+                .flat_map(|l| [l.saturating_sub(1), l, l + 1]),
+        ) {
+            assert_eq!(plan.runs_on_crc_fast(len), len >= from, "{len}");
+            let want = if len >= from {
+                Implementation::CrcFast
+            } else if len < m.limit {
+                Implementation::RustCrypto
+            } else {
+                #[cfg(feature = "clmul")]
+                let fold = Implementation::Crc64Fold;
+                #[cfg(not(feature = "clmul"))]
+                let fold = Implementation::RustCrypto;
+                fold
+            };
+            assert_eq!(plan.implementation_for(len), want, "{len}");
         }
     }
 

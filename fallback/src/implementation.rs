@@ -35,6 +35,11 @@ pub enum Implementation {
     /// The `crc32c` crate: CRC-32/ISCSI only (three interleaved streams of
     /// the SSE4.2 `crc32` instruction, tables without it).
     Crc32c,
+    /// crypto-offload-native's `Crc64Fold`: the CRC-64s folded 128 bits a
+    /// step with PCLMULQDQ, between this crate's table and crc-fast (the
+    /// `clmul` feature; lengths measured per machine, not chosen).
+    #[cfg(feature = "clmul")]
+    Crc64Fold,
 }
 
 impl Implementation {
@@ -67,6 +72,8 @@ impl Implementation {
         Implementation::CrcFast,
         Implementation::Crc32Fast,
         Implementation::Crc32c,
+        #[cfg(feature = "clmul")]
+        Implementation::Crc64Fold,
     ];
 
     /// The implementation whose discriminant is `i` (`EVERY[i]`), by a
@@ -82,6 +89,8 @@ impl Implementation {
         const CRC_FAST: usize = Implementation::CrcFast as usize;
         const CRC32_FAST: usize = Implementation::Crc32Fast as usize;
         const CRC32C: usize = Implementation::Crc32c as usize;
+        #[cfg(feature = "clmul")]
+        const CRC64_FOLD: usize = Implementation::Crc64Fold as usize;
         Some(match i {
             RUST_CRYPTO => Implementation::RustCrypto,
             #[cfg(feature = "aws-lc")]
@@ -91,6 +100,8 @@ impl Implementation {
             CRC_FAST => Implementation::CrcFast,
             CRC32_FAST => Implementation::Crc32Fast,
             CRC32C => Implementation::Crc32c,
+            #[cfg(feature = "clmul")]
+            CRC64_FOLD => Implementation::Crc64Fold,
             _ => return None,
         })
     }
@@ -106,6 +117,8 @@ impl Implementation {
             Implementation::CrcFast => "crc-fast",
             Implementation::Crc32Fast => "crc32fast",
             Implementation::Crc32c => "crc32c",
+            #[cfg(feature = "clmul")]
+            Implementation::Crc64Fold => "crc64-fold",
         }
     }
 

@@ -5,6 +5,7 @@ mod block_cipher;
 mod cbc;
 pub mod choice;
 mod crc;
+mod crc64;
 mod crc64_limit;
 mod crc64_table;
 mod crc_plan;

@@ -5,7 +5,9 @@
 //! (`update_from_slice`) pieces, `Vec` and `BytesMut`, and a `reset`
 //! midway. Then CRC combination, which the public API offers twice
 //! (`crypto_offload::crc_combine`, and `crypto_offload_fallback::Crc::resume`
-//! to continue a CRC computed elsewhere), at every cut.
+//! to continue a CRC computed elsewhere), at every cut. And the CRC-64
+//! fold (`crypto_offload_native::Crc64Fold`, the `clmul` feature) on its
+//! own, whole and in the same pieces, at every length the input has.
 
 use arbitrary::Arbitrary;
 use bytes::BytesMut;
@@ -84,6 +86,43 @@ pub fn check(h: &Harness, input: &Input) {
         h.block_on(check_subject(s, &case, input, &want));
     }
     check_combine(&case);
+    #[cfg(feature = "clmul")]
+    check_fold(&case);
+}
+
+/// The fallback's CRC-64 fold called directly, whatever lengths the
+/// measurement sends it: the whole input, then piece by piece, each piece
+/// continuing the register the last left.
+#[cfg(feature = "clmul")]
+fn check_fold(case: &Case) {
+    use crypto_offload_native::{Clmul, Crc64Fold};
+    let Some(clmul) = Clmul::detect() else {
+        return;
+    };
+    let fold = match case.alg {
+        CrcAlg::Crc64Nvme => Crc64Fold::NVME,
+        CrcAlg::Crc64Xz => Crc64Fold::XZ,
+        CrcAlg::Crc64GoIso => Crc64Fold::GO_ISO,
+        _ => return,
+    };
+    let want = reference::crc(case.alg, &case.data);
+    let whole = !fold.update(clmul, !0, &case.data);
+    let mut state = !0;
+    for w in case.bounds.windows(2) {
+        state = fold.update(clmul, state, &case.data[w[0]..w[1]]);
+    }
+    if whole != want || !state != want {
+        mismatch(
+            "Crc64Fold",
+            case.alg.name(),
+            "checksum",
+            case.data.len(),
+            format_args!(
+                "whole {whole:#x}, in pieces {:#x} ({:?}), want {want:#x}",
+                !state, case.bounds
+            ),
+        );
+    }
 }
 
 /// The reference's running CRC and length after each piece (starting over

@@ -4,12 +4,14 @@
 
 #[cfg(feature = "aws-lc")]
 mod aes_block;
+mod crc64_fold;
 mod wiped;
 #[cfg(feature = "aws-lc")]
 mod xts;
 
 #[cfg(feature = "aws-lc")]
 pub use aes_block::{AesDecryptBlock, AesEncryptBlock, AesKeyLength};
+pub use crc64_fold::{Clmul, Crc64Fold};
 pub use wiped::Wiped;
 #[cfg(feature = "aws-lc")]
 pub use xts::{Xts256, XtsError};
