@@ -280,6 +280,29 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
         crc64.took.as_secs_f64() * 1e3,
         each.join(", ")
     );
+    let c32 = cpu_choice::crc32_unaligned_measured();
+    let each: Vec<String> = c32
+        .timings
+        .iter()
+        .map(|(len, slow, fast)| {
+            format!(
+                "{} {}/{}",
+                size_name(*len),
+                slow.as_nanos(),
+                fast.as_nanos()
+            )
+        })
+        .collect();
+    out += &format!(
+        "  {:<11} {:<30} (measured in {:.2} ms, 8 bytes off a boundary, ns crc32fast/crc-fast: {})\n",
+        "crc32 off",
+        format!(
+            "crc32fast to {} where crc-fast leaves 64 B or more over",
+            size_name(c32.crc_fast_from - 1)
+        ),
+        c32.took.as_secs_f64() * 1e3,
+        each.join(", ")
+    );
     out
 }
 

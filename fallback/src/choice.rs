@@ -33,6 +33,12 @@ use crate::{Cbc, CrcAlg, Ctr, Error, Gcm, Implementation, Xts};
 /// The CRC-64s are not a [`Mode`]: they run on this crate's table below a
 /// measured length, then on its PCLMULQDQ fold (the `clmul` feature) below
 /// another, and on crc-fast from there.
+/// Where CRC-32/ISO-HDLC inputs crc-fast would take partly a block at a
+/// time go to crc-fast after all (crc32fast below).
+pub use crate::crc32_unaligned::{
+    Crc32Unaligned, LADDER as CRC32_UNALIGNED_LADDER, crc32_crc_fast_from_unaligned,
+    crc32_unaligned_measured,
+};
 pub use crate::crc64_limit::{
     Crc64Limit, Crc64Timing, LADDER as CRC64_LADDER, TABLE_MAX as CRC64_TABLE_MAX,
     crc64_crc_fast_from, crc64_crc_fast_from_unaligned, crc64_limit_measured, crc64_table_limit,

@@ -288,11 +288,19 @@ impl Crc {
         // Saturates rather than overflowing on a nonsense `resume` length.
         self.len = self.len.saturating_add(data.len() as u64);
         let mut imp = self.plan.implementation_for(data.len());
-        if imp == Implementation::CrcFast
-            && self.plan.alg().width() == 64
-            && crc64::fold_takes(data)
-        {
-            imp = crc64::implementation_for(data.len());
+        if imp == Implementation::CrcFast {
+            // Inputs crc-fast would take partly a block at a time.
+            match self.plan.alg() {
+                CrcAlg::Crc32IsoHdlc if crate::crc_plan::crc32_keeps(data) => {
+                    imp = Implementation::Crc32Fast;
+                }
+                CrcAlg::Crc64Nvme | CrcAlg::Crc64Xz | CrcAlg::Crc64GoIso
+                    if crc64::fold_takes(data) =>
+                {
+                    imp = crc64::implementation_for(data.len());
+                }
+                _ => {}
+            }
         }
         if imp != Implementation::CrcFast {
             if let Some(d) = self.digest.take() {

@@ -67,38 +67,24 @@ impl Crc64 {
 
 /// Whether a CRC-64 input at or past crc-fast's measured length runs on
 /// the fold instead: one that leaves crc-fast 64 bytes or more outside its
-/// 128-byte blocks, below [`crc64_crc_fast_from_unaligned`].
-///
-/// crc-fast (1.10) folds from the first 16-byte boundary in 128-byte
-/// blocks; the bytes ahead of the boundary and those after the last whole
-/// block it takes one 16-byte block (or one byte) at a time. On an Intel
-/// Xeon model 207 that cost 10 ns for 16 bytes left over (1040 B: 48 ns,
-/// 1024 B: 37) and 73 for 128 (1024 B 8 bytes off a boundary: 110 ns),
-/// while the fold takes the same time at any address and length. The
-/// unaligned limit is measured on 128 left over, so it is applied from 64.
+/// 128-byte blocks ([`crate::crc_fast_blocks`]), below
+/// [`crc64_crc_fast_from_unaligned`].
 ///
 /// [`crc64_crc_fast_from_unaligned`]: crate::choice::crc64_crc_fast_from_unaligned
 #[inline(always)]
 pub(crate) fn fold_takes(data: &[u8]) -> bool {
     #[cfg(feature = "clmul")]
     {
-        data.len() < crate::crc64_limit::crc64_crc_fast_from_unaligned()
-            && left_over_by_crc_fast(data) >= 64
+        crate::crc_fast_blocks::mostly_left_over(
+            data,
+            crate::crc64_limit::crc64_crc_fast_from_unaligned,
+        )
     }
     #[cfg(not(feature = "clmul"))]
     {
         let _ = data;
         false
     }
-}
-
-/// The bytes of `data` outside crc-fast's 128-byte blocks: those ahead of
-/// the first 16-byte boundary and those after the last whole block.
-#[cfg(feature = "clmul")]
-#[inline(always)]
-pub(crate) fn left_over_by_crc_fast(data: &[u8]) -> usize {
-    let head = data.as_ptr().align_offset(16).min(data.len());
-    head + (data.len() - head) % 128
 }
 
 /// What a `len`-byte CRC-64 below crc-fast runs on: the fold, or the table
@@ -188,7 +174,7 @@ mod tests {
                     // From the address's offset, independently.
                     let head = ((16 - off % 16) % 16).min(len);
                     let left = head + (len - head) % 128;
-                    let kept = left >= 64 && len < m.crc_fast_from_unaligned;
+                    let kept = left >= 64 && len >= 256 && len < m.crc_fast_from_unaligned;
                     #[cfg(feature = "clmul")]
                     assert_eq!(fold_takes(d), kept, "{len} B +{off} {m:?}");
                     #[cfg(not(feature = "clmul"))]

@@ -65,7 +65,11 @@ macro_rules! per_alg {
         match $alg {
             CrcAlg::Crc32IsoHdlc => $run(
                 $($arg,)*
-                |d: &[u8]| u64::from(crc_fast::crc32_iso_hdlc(d)),
+                |d: &[u8]| u64::from(if crc32_keeps(d) {
+                    crc32fast_once(d)
+                } else {
+                    crc_fast::crc32_iso_hdlc(d)
+                }),
                 |d: &[u8]| u64::from(crc32fast_once(d)),
             ),
             CrcAlg::Crc32Iscsi => $run(
@@ -102,6 +106,18 @@ macro_rules! per_alg {
             ),
         }
     }};
+}
+
+/// Whether a CRC-32/ISO-HDLC input the choice sends to crc-fast runs on
+/// crc32fast instead: crc-fast would take 64 bytes or more of it a block
+/// at a time, and it is short of the length measured for those
+/// ([`crate::crc32_unaligned`]).
+#[inline(always)]
+pub(crate) fn crc32_keeps(data: &[u8]) -> bool {
+    crate::crc_fast_blocks::mostly_left_over(
+        data,
+        crate::crc32_unaligned::crc32_crc_fast_from_unaligned,
+    )
 }
 
 /// crc32fast's one-shot CRC-32 of `data` without its per-call CPU check:
@@ -469,6 +485,51 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// CRC-32/ISO-HDLC at every address offset mod 16, either side of the
+    /// lengths where crc-fast's blocks and the measured limits part,
+    /// one-shot (measured, and on a plan with crc-fast for every length)
+    /// and streamed: the reference CRC; and crc32fast keeps exactly the
+    /// inputs crc-fast would take 64 bytes or more of a block at a time.
+    #[test]
+    fn crc32_off_crc_fast_s_blocks_gives_the_reference_crc() {
+        use crate::Crc;
+        let from = crate::choice::crc32_crc_fast_from_unaligned();
+        let buf: Vec<u8> = (0..from as u32 + 300)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let base = buf.as_ptr().align_offset(64).min(64);
+        let reference = crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISO_HDLC);
+        let all_fast = CrcPlan::new(CrcAlg::Crc32IsoHdlc, Choice::one(Implementation::CrcFast));
+        for len in [0, 100, 255, 256, 257, 320, 1000, 1024, 1040, 2048, 4104]
+            .into_iter()
+            .chain([from.saturating_sub(1), from, from + 8])
+        {
+            for off in 0..16 {
+                let d = &buf[base + off..base + off + len];
+                let want = u64::from(reference.checksum(d));
+                assert_eq!(
+                    checksum_measured(CrcAlg::Crc32IsoHdlc, d),
+                    want,
+                    "{len} +{off}"
+                );
+                assert_eq!(all_fast.checksum(d), want, "{len} +{off}");
+                let mut c =
+                    Crc::with_choice(CrcAlg::Crc32IsoHdlc, Choice::one(Implementation::CrcFast));
+                let (a, b) = d.split_at(len / 2);
+                c.update(a);
+                c.update(b);
+                assert_eq!(c.finalize(), want, "{len} +{off} streamed");
+                let head = ((16 - off % 16) % 16).min(len);
+                let left = head + (len - head) % 128;
+                assert_eq!(
+                    crc32_keeps(d),
+                    len >= 256 && len < from && left >= 64,
+                    "{len} +{off}"
+                );
             }
         }
     }

@@ -1,0 +1,166 @@
+//! Where CRC-32/ISO-HDLC inputs that crc-fast would take partly a block at
+//! a time ([`crate::crc_fast_blocks`]) go back to crc-fast from crc32fast:
+//! measured once a process, the first time one is asked for.
+//!
+//! The measured choice of CRC-32's implementation is made on inputs at
+//! 16-byte boundaries whose lengths are powers of two, crc-fast's best
+//! case. On an Intel Xeon family 6 model 207 it chose crc-fast from 2 KiB
+//! (75 ns at 4 KiB, crc32fast 75), and 8 bytes past a boundary crc-fast
+//! then took 110 ns at 2 KiB and 134 at 4 KiB where crc32fast took 39 and
+//! 62 (`paired --group crc-32 --offset 8 --all`). So where the choice
+//! sends an input to crc-fast and crc-fast would leave 64 bytes or more of
+//! it over, crc32fast runs it instead below [`crc32_crc_fast_from_unaligned`]:
+//! the length that loses least over [`LADDER`], with both timed 8 bytes
+//! past a boundary (128 bytes left over). From 64 KiB crc-fast keeps every
+//! input: its cost for what it leaves over is a fixed ~60–75 ns.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::crc_fast_blocks::WIDE_MIN;
+
+/// The lengths crc-fast and crc32fast are timed at.
+pub const LADDER: [usize; 9] = [WIDE_MIN, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536];
+
+/// The measurement: the length and the figures it came from.
+#[derive(Debug, Clone)]
+pub struct Crc32Unaligned {
+    /// Inputs crc-fast would take 64 bytes or more of a block at a time run
+    /// on crc32fast below this, where the choice says crc-fast.
+    pub crc_fast_from: usize,
+    /// `(length, crc32fast, crc-fast)`, both 8 bytes past a 16-byte
+    /// boundary: the fastest time one input took.
+    pub timings: Vec<(usize, Duration, Duration)>,
+    /// How long the measurement took.
+    pub took: Duration,
+}
+
+/// [`Crc32Unaligned::crc_fast_from`], measured the first time it is asked
+/// for.
+#[inline]
+pub fn crc32_crc_fast_from_unaligned() -> usize {
+    match FROM.load(Ordering::Relaxed) {
+        0 => crc32_unaligned_measured().crc_fast_from,
+        from => from,
+    }
+}
+
+static FROM: AtomicUsize = AtomicUsize::new(0);
+
+/// [`crc32_crc_fast_from_unaligned`] with the timings it came from.
+#[cold]
+pub fn crc32_unaligned_measured() -> &'static Crc32Unaligned {
+    static MEASURED: OnceLock<Crc32Unaligned> = OnceLock::new();
+    let m = MEASURED.get_or_init(measure);
+    FROM.store(m.crc_fast_from, Ordering::Relaxed);
+    m
+}
+
+/// Calls a slice runs, and rounds of slices.
+const CALLS: u32 = 8;
+const ROUNDS: usize = 7;
+
+fn measure() -> Crc32Unaligned {
+    let start = Instant::now();
+    let last = LADDER[LADDER.len() - 1];
+    let buf: Vec<u8> = (0..last as u32 + 72)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let data = &buf[buf.as_ptr().align_offset(64).min(64) + 8..];
+    let hasher = crc32fast::Hasher::new();
+    let slice = |f: &dyn Fn(&[u8]) -> u32, input: &[u8]| {
+        let t = Instant::now();
+        for _ in 0..CALLS {
+            std::hint::black_box(f(std::hint::black_box(input)));
+        }
+        t.elapsed() / CALLS
+    };
+    let slow = |d: &[u8]| {
+        let mut h = hasher.clone();
+        h.update(d);
+        h.finalize()
+    };
+    let fast = |d: &[u8]| crc_fast::crc32_iso_hdlc(d);
+    let timings = LADDER
+        .iter()
+        .map(|&len| {
+            let input = &data[..len];
+            let (mut s, mut f) = (Duration::MAX, Duration::MAX);
+            for round in 0..ROUNDS {
+                if round % 2 == 0 {
+                    s = s.min(slice(&slow, input));
+                    f = f.min(slice(&fast, input));
+                } else {
+                    f = f.min(slice(&fast, input));
+                    s = s.min(slice(&slow, input));
+                }
+            }
+            (len, s, f)
+        })
+        .collect::<Vec<_>>();
+    Crc32Unaligned {
+        crc_fast_from: pick(&timings),
+        timings,
+        took: start.elapsed(),
+    }
+}
+
+/// The length timed that, as the limit, loses least against the faster of
+/// the two at every length timed (ties to the shorter); the longest timed
+/// when nothing was.
+pub(crate) fn pick(timings: &[(usize, Duration, Duration)]) -> usize {
+    let loss = |from: usize| -> f64 {
+        timings
+            .iter()
+            .map(|&(len, slow, fast)| {
+                let ran = if len < from { slow } else { fast };
+                ran.as_secs_f64() / slow.min(fast).as_secs_f64().max(f64::MIN_POSITIVE)
+            })
+            .sum()
+    };
+    timings
+        .iter()
+        .map(|t| (t.0, loss(t.0)))
+        .fold(None, |best: Option<(usize, f64)>, (len, l)| match best {
+            Some((_, b)) if b <= l => best,
+            _ => Some((len, l)),
+        })
+        .map_or(LADDER[LADDER.len() - 1], |(len, _)| len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(len: usize, slow: u64, fast: u64) -> (usize, Duration, Duration) {
+        (len, Duration::from_nanos(slow), Duration::from_nanos(fast))
+    }
+
+    #[test]
+    fn crc_fast_keeps_inputs_from_where_it_stays_ahead_off_alignment() {
+        // Model 207, 8 bytes off: crc32fast ahead to 16 KiB.
+        let intel = [
+            t(256, 12, 82),
+            t(1024, 28, 100),
+            t(4096, 62, 134),
+            t(16384, 200, 259),
+            t(65536, 800, 790),
+        ];
+        assert_eq!(pick(&intel), 65536);
+        // crc-fast ahead from 1 KiB (no penalty to speak of).
+        let even = [t(256, 12, 14), t(1024, 40, 30), t(4096, 120, 80)];
+        assert_eq!(pick(&even), 1024);
+        // Ahead everywhere: from the shortest.
+        assert_eq!(pick(&[t(256, 20, 10), t(512, 40, 20)]), 256);
+        assert_eq!(pick(&[]), 65536);
+    }
+
+    #[test]
+    fn the_measured_length_is_on_the_ladder_and_cached() {
+        let m = crc32_unaligned_measured();
+        assert!(LADDER.contains(&m.crc_fast_from), "{m:?}");
+        assert_eq!(m.timings.len(), LADDER.len());
+        assert_eq!(crc32_crc_fast_from_unaligned(), m.crc_fast_from);
+    }
+}
