@@ -198,6 +198,23 @@ fn main() {
                 .expect("CRC"));
         }
         black_box(direct.finalize());
+
+        // CRC-64/NVME: its table, fold and crc-fast split at lengths
+        // measured in the process.
+        let mut direct = fb::Crc::new(fb::CrcAlg::Crc64Nvme);
+        let mut s = rt
+            .block_on(cpu.crc(CrcAlg::Crc64Nvme))
+            .expect("a CRC session");
+        overhead!(
+            rows,
+            rt,
+            "crc64-nvme",
+            size,
+            ms,
+            |buf| direct.update(buf),
+            |buf| s.update(buf).await.expect("CRC")
+        );
+        black_box(direct.finalize());
     }
 
     println!("{}\n", fb::choice::cpu_line());
