@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::crc_fast_blocks::WIDE_MIN;
+use crate::handover::{self, handover};
 
 /// The lengths crc-fast and crc32fast are timed at.
 pub const LADDER: [usize; 9] = [WIDE_MIN, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536];
@@ -63,25 +64,16 @@ const ROUNDS: usize = 7;
 
 fn measure() -> Crc32Unaligned {
     let start = Instant::now();
-    let last = LADDER[LADDER.len() - 1];
-    let buf: Vec<u8> = (0..last as u32 + 72)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
-    let data = &buf[buf.as_ptr().align_offset(64).min(64) + 8..];
+    let (buf, at) = handover::ladder_data(LADDER[LADDER.len() - 1]);
+    let data = &buf[at + 8..];
     let hasher = crc32fast::Hasher::new();
-    let slice = |f: &dyn Fn(&[u8]) -> u32, input: &[u8]| {
-        let t = Instant::now();
-        for _ in 0..CALLS {
-            std::hint::black_box(f(std::hint::black_box(input)));
-        }
-        t.elapsed() / CALLS
-    };
+    let slice = |f: &dyn Fn(&[u8]) -> u64, input: &[u8]| handover::time_calls(f, input, CALLS);
     let slow = |d: &[u8]| {
         let mut h = hasher.clone();
         h.update(d);
-        h.finalize()
+        u64::from(h.finalize())
     };
-    let fast = |d: &[u8]| crc_fast::crc32_iso_hdlc(d);
+    let fast = |d: &[u8]| u64::from(crc_fast::crc32_iso_hdlc(d));
     let timings = LADDER
         .iter()
         .map(|&len| {
@@ -106,27 +98,10 @@ fn measure() -> Crc32Unaligned {
     }
 }
 
-/// The length timed that, as the limit, loses least against the faster of
-/// the two at every length timed (ties to the shorter); the longest timed
-/// when nothing was.
+/// The length timed from which crc-fast loses least ([`handover()`]); the
+/// longest on the ladder when nothing was timed.
 pub(crate) fn pick(timings: &[(usize, Duration, Duration)]) -> usize {
-    let loss = |from: usize| -> f64 {
-        timings
-            .iter()
-            .map(|&(len, slow, fast)| {
-                let ran = if len < from { slow } else { fast };
-                ran.as_secs_f64() / slow.min(fast).as_secs_f64().max(f64::MIN_POSITIVE)
-            })
-            .sum()
-    };
-    timings
-        .iter()
-        .map(|t| (t.0, loss(t.0)))
-        .fold(None, |best: Option<(usize, f64)>, (len, l)| match best {
-            Some((_, b)) if b <= l => best,
-            _ => Some((len, l)),
-        })
-        .map_or(LADDER[LADDER.len() - 1], |(len, _)| len)
+    handover(timings).unwrap_or(LADDER[LADDER.len() - 1])
 }
 
 #[cfg(test)]

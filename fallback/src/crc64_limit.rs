@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use crypto_offload_native::{Clmul, Crc64Fold};
 
 use crate::crc64_table;
+use crate::handover::{self, handover};
 
 /// The input lengths the table, the fold and crc-fast are timed at.
 pub const LADDER: [usize; 19] = [
@@ -158,19 +159,10 @@ const ROUNDS: usize = 7;
 
 fn measure() -> Crc64Limit {
     let start = Instant::now();
-    // Not all one value: no contender gets a pattern it could short-cut.
-    // An input at an address that is a multiple of 64, and one 8 bytes on.
-    let buf: Vec<u8> = (0..LADDER[LADDER.len() - 1] as u32 + 72)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
-    let data = &buf[buf.as_ptr().align_offset(64).min(64)..];
-    let slice = |f: &dyn Fn(&[u8]) -> u64, input: &[u8]| {
-        let t = Instant::now();
-        for _ in 0..CALLS {
-            std::hint::black_box(f(std::hint::black_box(input)));
-        }
-        t.elapsed() / CALLS
-    };
+    // Inputs at an address that is a multiple of 64, and 8 bytes on.
+    let (buf, at) = handover::ladder_data(LADDER[LADDER.len() - 1]);
+    let data = &buf[at..];
+    let slice = |f: &dyn Fn(&[u8]) -> u64, input: &[u8]| handover::time_calls(f, input, CALLS);
     let table = |d: &[u8]| crc64_table::NVME.checksum(d);
     let fast = |d: &[u8]| crc_fast::crc64_nvme(d);
     #[cfg(feature = "clmul")]
@@ -298,36 +290,23 @@ pub(crate) fn pick(timings: &[Crc64Timing]) -> (usize, usize) {
 }
 
 /// Where inputs at other addresses and lengths leave the fold for
-/// crc-fast, no sooner than aligned ones (`from`): the length timed that
-/// loses least against the faster of the fold and crc-fast 8 bytes off at
-/// every length from `from`, ties to the shorter; `from` without fold
+/// crc-fast, no sooner than aligned ones (`from`): of the lengths timed
+/// from `from`, the one from which crc-fast 8 bytes off loses least
+/// against the (handicapped) fold ([`handover()`]); `from` without fold
 /// timings.
 pub(crate) fn pick_unaligned(timings: &[Crc64Timing], from: usize) -> usize {
-    let rows = || timings.iter().filter(|t| t.len >= from);
-    let loss = |until: usize| -> f64 {
-        rows()
-            .map(|t| {
-                let fold = t.fold.map_or(Duration::MAX, handicapped);
-                let best = fold.min(t.crc_fast_unaligned);
-                let ran = if t.len < until {
-                    fold
-                } else {
-                    t.crc_fast_unaligned
-                };
-                ran.as_secs_f64() / best.as_secs_f64().max(f64::MIN_POSITIVE)
-            })
-            .sum()
-    };
     if !timings.iter().any(|t| t.fold.is_some()) {
         return from;
     }
-    rows()
-        .map(|t| (t.len, loss(t.len)))
-        .fold(None, |best: Option<(usize, f64)>, (len, l)| match best {
-            Some((_, b)) if b <= l => best,
-            _ => Some((len, l)),
+    let rows: Vec<_> = timings
+        .iter()
+        .filter(|t| t.len >= from)
+        .map(|t| {
+            let fold = t.fold.map_or(Duration::MAX, handicapped);
+            (t.len, fold, t.crc_fast_unaligned)
         })
-        .map_or(from, |(len, _)| len)
+        .collect();
+    handover(&rows).unwrap_or(from)
 }
 
 #[cfg(test)]

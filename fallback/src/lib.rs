@@ -15,6 +15,7 @@ mod ctr;
 mod error;
 mod gcm;
 mod gcm_parallel;
+mod handover;
 mod implementation;
 mod xts;
 
