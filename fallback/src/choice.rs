@@ -616,8 +616,19 @@ pub fn measure_batches(mode: Mode, candidates: &[Implementation], max_batches: u
 
 /// Runs `batch` (which folds one batch of rounds into each candidate's
 /// least times, in `imps`' order) once, then again while the choice is
-/// [`in_doubt`], at most `max_batches` times in all: the timings and
-/// how many batches ran.
+/// [`in_doubt`] or a split's boundary is not yet confirmed, at most
+/// `max_batches` times in all: the timings and how many batches ran.
+///
+/// A choice that splits the sizes between two implementations stops only
+/// once a batch leaves it where the one before had it (boundary
+/// included): the boundary rests on the probes where the two are nearest,
+/// and there one slow batch moves it. On an Intel Xeon family 6 model 207
+/// (2026-12-05) crc32fast's 4 KiB CRC-32 measured 63 ns instead of 51 in
+/// about one batch of five, in spells lasting a few batches, at any
+/// buffer placement; such a batch put crc-fast on 4 KiB (boundary
+/// ~2.9 KiB instead of 8 KiB) at ~0.9 of crc32fast, and, that batch
+/// leaving no class in doubt, it was the only one: 7 of 20 fresh
+/// processes chose so (`offload probe`). A split costs a second batch.
 fn sample(
     imps: &[Implementation],
     default: Choice,
@@ -626,14 +637,26 @@ fn sample(
 ) -> (Vec<Timing>, usize) {
     let mut times = vec![[Duration::MAX; PROBES.len()]; imps.len()];
     let mut batches = 0;
+    let mut before: Option<Choice> = None;
     loop {
         batch(&mut times);
         batches += 1;
         let timings = timings_of(imps, &times);
-        if batches >= max_batches || !in_doubt(&timings, default) {
+        let now = choose(&timings, default);
+        let settled = now.small == now.large || before.is_some_and(|b| same_split(b, now));
+        if batches >= max_batches || (settled && !in_doubt(&timings, default)) {
             return (timings, batches);
         }
+        before = Some(now);
     }
+}
+
+/// Whether two choices run every probe on the same implementation: the
+/// same two, parting between the same two probes (where between them
+/// moves with the times, a few bytes from one batch to the next).
+fn same_split(a: Choice, b: Choice) -> bool {
+    let cut = |c: Choice| PROBES.iter().take_while(|&&p| p <= c.small_max).count();
+    a.small == b.small && a.large == b.large && (a.small == a.large || cut(a) == cut(b))
 }
 
 /// Each of `imps` with its least times so far.
@@ -1266,6 +1289,93 @@ mod tests {
         let (timings, batches) = sample(&imps, def, MAX_BATCHES, |times| fill(times, A, 1.3));
         assert_eq!(batches, MAX_BATCHES);
         assert_eq!(choose(&timings, def), def);
+    }
+
+    /// A split is confirmed by a second batch before it stands, and one
+    /// batch slowed at the probe the boundary rests on does not move it:
+    /// CRC-32 on an Intel Xeon family 6 model 207, where crc32fast's 4 KiB
+    /// measured 63 ns instead of 51 in some batches.
+    #[test]
+    fn a_split_is_confirmed_and_one_slow_probe_does_not_move_its_boundary() {
+        use Implementation::{Crc32Fast as S, CrcFast as L};
+        let imps = [L, S];
+        let def = Choice::split(S, L);
+        let ns = |v: [u64; 6]| v.map(Duration::from_nanos);
+        let fast = ns([14, 27, 30, 31, 49, 148]);
+        let quiet = ns([7, 9, 9, 21, 46, 145]);
+        let mut slow = quiet;
+        slow[4] = Duration::from_nanos(63);
+        let run = |batches: &[[Duration; 6]]| {
+            let mut n = 0;
+            sample(&imps, def, MAX_BATCHES, |times| {
+                let b = batches[n.min(batches.len() - 1)];
+                n += 1;
+                for (t, new) in times[0].iter_mut().zip(fast) {
+                    *t = (*t).min(new);
+                }
+                for (t, new) in times[1].iter_mut().zip(b) {
+                    *t = (*t).min(new);
+                }
+            })
+        };
+        // What the slow batch alone chooses: crc-fast from below 4 KiB.
+        let (alone, _) = sample(&imps, def, 1, |times| {
+            times[0] = fast;
+            times[1] = slow;
+        });
+        let cut = |t: &[Timing]| choose(t, def).small_max;
+        assert!(cut(&alone) < 4096, "{}", cut(&alone));
+        // Slow first, quiet next: the boundary moves past 4 KiB and a
+        // third batch confirms it there.
+        let (timings, batches) = run(&[slow, quiet]);
+        assert!(cut(&timings) >= 4096, "{}", cut(&timings));
+        assert_eq!(batches, 3);
+        // Quiet throughout: 8 KiB as well (three batches: the large
+        // class is a near tie, in doubt).
+        let (timings, batches) = run(&[quiet]);
+        assert!(cut(&timings) >= 4096);
+        assert_eq!(batches, MAX_BATCHES);
+        // A clear split (crc-fast 2x ahead on the large probes, as with
+        // AVX-512 on AMD Zen 4): the second batch confirms the first.
+        let wide = ns([14, 27, 30, 31, 24, 74]);
+        let (timings, batches) = sample(&imps, def, MAX_BATCHES, |times| {
+            times[0] = wide;
+            times[1] = quiet;
+        });
+        assert_eq!(choose(&timings, def).large, L);
+        assert_eq!(batches, 2);
+        // One implementation throughout: one batch.
+        let (_, batches) = sample(&imps, def, MAX_BATCHES, |times| {
+            times[0] = wide;
+            times[1] = wide.map(|t| t * 2);
+        });
+        assert_eq!(batches, 1);
+        // The same choice across batches whatever the interpolated bytes.
+        let a = Choice {
+            small_max: 5000,
+            ..def
+        };
+        assert!(same_split(
+            a,
+            Choice {
+                small_max: 9000,
+                ..def
+            }
+        ));
+        assert!(!same_split(
+            a,
+            Choice {
+                small_max: 3000,
+                ..def
+            }
+        ));
+        assert!(same_split(
+            Choice::one(S),
+            Choice {
+                small_max: 1,
+                ..Choice::one(S)
+            }
+        ));
     }
 
     /// Two different choices at the two ends part at the length where
