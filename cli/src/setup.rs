@@ -269,7 +269,7 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
             "table to {}, fold to {} ({} unaligned), then crc-fast",
             size_name(crc64.limit - 1),
             size_name(crc64.crc_fast_from - 1),
-            size_name(crc64.crc_fast_from_unaligned - 1)
+            upto(crc64.crc_fast_from_unaligned)
         )
     } else {
         format!("table to {}, then crc-fast", size_name(crc64.limit - 1))
@@ -297,13 +297,22 @@ pub fn cpu_implementations(offload: &crypto_offload::Offload) -> String {
         "  {:<11} {:<30} (measured in {:.2} ms, 8 bytes off a boundary, ns crc32fast/crc-fast: {})\n",
         "crc32 off",
         format!(
-            "crc32fast to {} where crc-fast leaves 64 B or more over",
-            size_name(c32.crc_fast_from - 1)
+            "crc32fast {} where crc-fast leaves 64 B or more over",
+            upto(c32.crc_fast_from)
         ),
         c32.took.as_secs_f64() * 1e3,
         each.join(", ")
     );
     out
+}
+
+/// `to <the longest length below from>` ([`size_name`]), or `at any
+/// length` where a measured limit is past every length (`usize::MAX`).
+fn upto(from: usize) -> String {
+    match from {
+        usize::MAX => "at any length".into(),
+        from => format!("to {}", size_name(from.saturating_sub(1))),
+    }
 }
 
 /// `len` bytes as people write it: `512 B`, `4 KiB`, `1500 B`.

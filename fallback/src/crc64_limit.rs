@@ -436,7 +436,12 @@ mod tests {
         assert!(m.limit <= TABLE_MAX, "{m:?}");
         assert!(LADDER.contains(&m.crc_fast_from), "{m:?}");
         assert!(m.limit <= m.crc_fast_from, "{m:?}");
-        assert!(LADDER.contains(&m.crc_fast_from_unaligned), "{m:?}");
+        // (Past the ladder where the fold still leads at its top.)
+        let top = LADDER[LADDER.len() - 1];
+        assert!(
+            LADDER.contains(&m.crc_fast_from_unaligned) || m.crc_fast_from_unaligned > top,
+            "{m:?}"
+        );
         assert!(m.crc_fast_from <= m.crc_fast_from_unaligned, "{m:?}");
         assert_eq!(m.timings.len(), LADDER.len());
         for t in &m.timings {
