@@ -523,9 +523,12 @@ pub const ROUNDS: usize = 7;
 /// the first runs only while the choice is in doubt ([`in_doubt`]): the
 /// fastest other candidate within [`DOUBT`] of the [`MARGIN`] against the
 /// default, or two candidates that would replace the default within
-/// [`DOUBT`] of each other. Each batch's rounds join the earlier ones (the
-/// least of all counts), so a candidate that a neighbour slowed through
-/// one batch gets more chances, and a clear choice costs one batch.
+/// [`DOUBT`] of each other; or while a choice that splits the sizes
+/// between two implementations is not yet confirmed by a second batch
+/// (`sample`). Each batch's rounds join the earlier ones (the least of
+/// all counts), so a candidate that a neighbour slowed through one batch
+/// gets more chances, and a clear choice of one implementation costs one
+/// batch, a clear split two.
 ///
 /// What it buys, measured with `choice-stability` (crypto-offload-benches)
 /// on a 2-vCPU AMD Zen 3, one batch against up to three in alternation,
@@ -627,8 +630,9 @@ pub fn measure_batches(mode: Mode, candidates: &[Implementation], max_batches: u
 /// about one batch of five, in spells lasting a few batches, at any
 /// buffer placement; such a batch put crc-fast on 4 KiB (boundary
 /// ~2.9 KiB instead of 8 KiB) at ~0.9 of crc32fast, and, that batch
-/// leaving no class in doubt, it was the only one: 7 of 20 fresh
-/// processes chose so (`offload probe`). A split costs a second batch.
+/// leaving no class in doubt, it was the only one: 13 of 40 fresh
+/// processes parted below 4 KiB (`offload probe`), 8 of 40 with the
+/// second batch (the spells outlast some). A split costs a second batch.
 fn sample(
     imps: &[Implementation],
     default: Choice,

@@ -144,8 +144,8 @@ mod tests {
     fn every_limit_at_every_alignment_gives_the_catalogues_crc() {
         use crate::{Crc, CrcAlg};
         let m = crate::choice::crc64_limit_measured();
-        // (The unaligned limit may be past the ladder, even `usize::MAX`:
-        // its edge is then tested at the ladder's top, 16 times over.)
+        // (The unaligned limit may be past the ladder, up to 16 times its
+        // top, 64 KiB: tested there.)
         let top = crate::crc64_limit::LADDER[crate::crc64_limit::LADDER.len() - 1];
         let unaligned = m.crc_fast_from_unaligned.min(16 * top);
         let buf: Vec<u8> = (0..unaligned as u32 + 200)

@@ -498,8 +498,8 @@ mod tests {
     fn crc32_off_crc_fast_s_blocks_gives_the_reference_crc() {
         use crate::Crc;
         let from = crate::choice::crc32_crc_fast_from_unaligned();
-        // (Past the ladder, even `usize::MAX`: the edge is then tested 4
-        // times past its top.)
+        // (Past the ladder, up to 16 times its top: the edge is tested at
+        // most 4 times past the top, 256 KiB.)
         let top =
             crate::choice::CRC32_UNALIGNED_LADDER[crate::choice::CRC32_UNALIGNED_LADDER.len() - 1];
         let edge = from.min(4 * top);
