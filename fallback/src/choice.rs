@@ -608,15 +608,12 @@ pub fn measure_batches(mode: Mode, candidates: &[Implementation], max_batches: u
         // family 6 model 207, a phase of each process that held for
         // milliseconds; in alternating order, 0 of 80 (2026-12-05).
         for round in 0..ROUNDS {
-            let n = runners.len();
-            for i in 0..n {
-                let i = if round % 2 == 0 { i } else { n - 1 - i };
+            // The k-th of `n` in this round's order.
+            let nth = |k: usize, n: usize| if round % 2 == 0 { k } else { n - 1 - k };
+            for i in 0..runners.len() {
+                let i = nth(i, runners.len());
                 for j in 0..PROBES.len() {
-                    let j = if round % 2 == 0 {
-                        j
-                    } else {
-                        PROBES.len() - 1 - j
-                    };
+                    let j = nth(j, PROBES.len());
                     let len = PROBES[j];
                     let t = &mut times[i][j];
                     *t = (*t).min(runners[i].run(&mut buf[..len], per_round(len)));
@@ -675,8 +672,14 @@ fn sample(
 /// same two, parting between the same two probes (where between them
 /// moves with the times, a few bytes from one batch to the next).
 fn same_split(a: Choice, b: Choice) -> bool {
-    let cut = |c: Choice| PROBES.iter().take_while(|&&p| p <= c.small_max).count();
+    let cut = |c: Choice| probes_up_to(c.small_max);
     a.small == b.small && a.large == b.large && (a.small == a.large || cut(a) == cut(b))
+}
+
+/// How many of [`PROBES`] a choice's small class runs: those of at most
+/// `small_max` bytes (where the cut between the two classes lies).
+fn probes_up_to(small_max: usize) -> usize {
+    PROBES.iter().take_while(|&&p| p <= small_max).count()
 }
 
 /// Each of `imps` with its least times so far.
@@ -850,10 +853,7 @@ fn boundary(small: &[Duration], large: &[Duration], default_max: usize) -> Optio
     let loss = |cut: usize| -> f64 {
         (0..cut).map(loss_small).sum::<f64>() + (cut..n).map(loss_large).sum::<f64>()
     };
-    let default_cut = PROBES[..n]
-        .iter()
-        .take_while(|&&p| p <= default_max)
-        .count();
+    let default_cut = probes_up_to(default_max).min(n);
     let least = (0..=n).map(loss).fold(f64::INFINITY, f64::min);
     let cut = (0..=n)
         .filter(|&c| loss(c) <= least)
